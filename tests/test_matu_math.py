@@ -372,6 +372,27 @@ def test_aggregate_multi_task_client_shares_one_unified_vector():
     close(mean["b"], [0.0, -4 / 13, 42 / 13, 0.0])
 
 
+def test_co_held_tasks_never_conflict_in_sign_after_unification():
+    """Why sign similarity rises for tasks that the same clients hold (docs/matu.md): the client's unification
+    erases their conflicts before the server sees them. Two independent random task vectors agree on about half
+    their signs (S ≈ 1/2); uploaded by one client they never disagree, so S ≈ 1/2 + 1/2 · 1/2 = 3/4; uploaded by
+    two clients they keep S ≈ 1/2."""
+    gen = torch.Generator().manual_seed(0)
+    tau = torch.randn(2, 20_000, generator=gen)
+    assert float(task_similarity(tau)[0, 1]) == pytest.approx(0.5, abs=0.01)
+
+    unified, masks, rescalers = unify(tau)
+    together = aggregate([upload(unified, {"a": masks[0], "b": masks[1]}, {"a": float(rescalers[0]),
+                                                                           "b": float(rescalers[1])})],
+                         cross_task="none")
+    signs = torch.sign(together["a"]) * torch.sign(together["b"])
+    assert int((signs < 0).sum()) == 0
+    assert float(task_similarity(torch.stack([together["a"], together["b"]]))[0, 1]) == pytest.approx(0.75, abs=0.01)
+
+    apart = aggregate([upload(tau[0], {"a": tau[0] != 0}), upload(tau[1], {"b": tau[1] != 0})], cross_task="none")
+    assert float(task_similarity(torch.stack([apart["a"], apart["b"]]))[0, 1]) == pytest.approx(0.5, abs=0.01)
+
+
 def test_aggregate_validation_errors():
     ups = _three_task_uploads()
     with pytest.raises(ValueError, match="mean, sum, none, uniform"):

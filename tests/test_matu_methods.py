@@ -103,3 +103,20 @@ def test_matu_sign_similarity_recovers_the_true_groups_on_synthetic(tmp_path):
     data.update(method="matu", rounds=6, eval_every=6, reference=None)
     run_config(validate(data), tmp_path / "run")
     assert similarity_ari(load_run(tmp_path / "run")) == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_matu_reports_the_clients_view_next_to_the_servers(tmp_path):
+    """A lone task's holder starts from the server's vector itself; co-held tasks start from a reconstruction."""
+    from manytask.report import write_report
+
+    federation = {"num_clients": 2, "tasks": {"kind": "groups", "groups": [["digit"], ["parity", "rotated"]]},
+                  "samples": {"kind": "iid"}}
+    data = small_config_dict(method="matu", rounds=2, **{**ADAPTED, "federation": federation})
+    tasks = run_config(validate(data), tmp_path / "run")["matu"]["tasks"]
+    assert tasks["digit"]["client_accuracy"] == tasks["digit"]["accuracy"]
+    assert tasks["digit"]["client_loss"] == pytest.approx(tasks["digit"]["loss"], rel=1e-6)
+    assert any(abs(tasks[t]["client_loss"] - tasks[t]["loss"]) > 1e-4 for t in ("parity", "rotated"))
+    client_view = sum(m["client_accuracy"] for m in tasks.values()) / 3
+    report = write_report(tmp_path / "run").read_text()
+    assert f"average main metric, clients' view: {100 * client_view:.1f}" in report

@@ -25,6 +25,9 @@ from manytask.seeding import derive_seed
 from manytask.tasks.task import TaskSpec
 
 Metrics = dict[str, dict[str, float]]  # task -> metric -> value
+# A server-evaluated method may add its clients' view of a task (the model a holder starts from) under the task's
+# metric names with this prefix, averaged over the task's holders (MaTU's spec asks for both views).
+CLIENT_VIEW_PREFIX = "client_"
 P = TypeVar("P", bound=Params)
 
 

@@ -18,7 +18,15 @@ from torch import Tensor
 
 from manytask.client.trainer import TaskData, evaluate
 from manytask.messages import Message
-from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Metrics, ServerProgram, Setup
+from manytask.methods.base import (
+    CLIENT_VIEW_PREFIX,
+    ClientContext,
+    ClientProgram,
+    MethodDef,
+    Metrics,
+    ServerProgram,
+    Setup,
+)
 from manytask.methods.fedavg import LOSS_PREFIX, SIZE_PREFIX, fedavg_weights, task_sizes, weighted_average
 from manytask.methods.matu_math import (
     DEFAULT_EPS,
@@ -151,13 +159,23 @@ class MatuServer(ServerProgram):
                 for j, b in enumerate(tasks)}
 
     def evaluate(self, test: TaskData) -> Metrics:
-        """Per task: θ_p + τ^t (the server's task vector) with the task's head."""
+        """Per task, two views (spec "Evaluation"): the server's, θ_p + τ^t with the task's head, under the task's
+        metric names; and the clients', θ_p + λ_n^t m_n^t ⊙ τ_n (what holder n starts its next round from),
+        averaged over the task's holders, under the same names prefixed with `client_`."""
         metrics = {}
         for task, (x, y) in test.items():
             heads = {k: v for k, v in self.heads.items() if k.startswith(head_prefix(task))}
-            model = self.space.model_with(self.setup, self.vectors[task], heads)
-            metrics[task] = evaluate(model, self.setup.specs[task], x, y)
+            spec = self.setup.specs[task]
+            metrics[task] = evaluate(self.space.model_with(self.setup, self.vectors[task], heads), spec, x, y)
+            views = [evaluate(self.space.model_with(self.setup, start, heads), spec, x, y)
+                     for start in self._client_starts(task)]
+            metrics[task].update({CLIENT_VIEW_PREFIX + k: sum(v[k] for v in views) / len(views) for k in views[0]})
         return metrics
+
+    def _client_starts(self, task: str) -> list[Tensor]:
+        """λ_n^t m_n^t ⊙ τ_n for every holder n of the task: its reconstruction from the unified vector it is sent."""
+        holders = [c for c, tasks in self.setup.holdings.items() if task in tasks]
+        return [reconstructions(self.payload_for(c), [task])[task] for c in holders]
 
     def state_dict(self) -> dict[str, Tensor]:
         return {**{VECTOR_PREFIX + t: v for t, v in self.vectors.items()}, **self.heads}

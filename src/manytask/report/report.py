@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from manytask.methods.base import CLIENT_VIEW_PREFIX
 from manytask.report.graph import community_summary, plot_client_graph
 from manytask.report.plots import (
     plot_accuracy_vs_bits,
@@ -68,11 +69,23 @@ def _average_lines(record: RunRecord) -> list[tuple[str, str]]:
         normalized += f" of {s['reference']}"
     average = format_metric(s.get("average"), metric)
     lines = [("average main metric", average), ("normalized average", normalized)]
+    client_view = _client_view_average(s)
+    if client_view is not None:
+        lines.append(("average main metric, clients' view", format_metric(client_view, metric)))
     if s.get("fairness"):
         f = s["fairness"]
         spread = ", ".join(f"{k} {format_metric(f[k], metric)}" for k in ("worst_10", "worst_20"))
         lines.append(("across clients", f"mean {format_metric(f['mean'], metric)}, {spread}, std {f['std']:.4f}"))
     return lines
+
+
+def _client_view_average(summary: dict[str, Any]) -> float | None:
+    """Mean over tasks of `client_<main metric>`, where a method reports its clients' view of every task (MaTU)."""
+    tasks, main = summary.get("tasks") or {}, summary.get("main_metric") or {}
+    values = [metrics.get(CLIENT_VIEW_PREFIX + main.get(task, "")) for task, metrics in tasks.items()]
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)
 
 
 def _communication_lines(record: RunRecord) -> list[tuple[str, str]]:
