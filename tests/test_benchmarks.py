@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from manytask.benchmarks import BENCHMARKS, Benchmark, build_benchmark
-from manytask.benchmarks.digits import DEFAULT_TASKS as DIGITS_TASKS
+from manytask.benchmarks.digits import TASKS as DIGITS_TASKS
 from manytask.benchmarks.synthetic import make_generator
 from manytask.errors import ManytaskError
 from manytask.federation import build_federation
