@@ -163,19 +163,25 @@ class MatuServer(ServerProgram):
         metric names; and the clients', θ_p + λ_n^t m_n^t ⊙ τ_n (what holder n starts its next round from),
         averaged over the task's holders, under the same names prefixed with `client_`."""
         metrics = {}
+        starts = self._client_starts()
         for task, (x, y) in test.items():
             heads = {k: v for k, v in self.heads.items() if k.startswith(head_prefix(task))}
             spec = self.setup.specs[task]
             metrics[task] = evaluate(self.space.model_with(self.setup, self.vectors[task], heads), spec, x, y)
-            views = [evaluate(self.space.model_with(self.setup, start, heads), spec, x, y)
-                     for start in self._client_starts(task)]
+            views = [evaluate(self.space.model_with(self.setup, start, heads), spec, x, y) for start in starts[task]]
             metrics[task].update({CLIENT_VIEW_PREFIX + k: sum(v[k] for v in views) / len(views) for k in views[0]})
         return metrics
 
-    def _client_starts(self, task: str) -> list[Tensor]:
-        """λ_n^t m_n^t ⊙ τ_n for every holder n of the task: its reconstruction from the unified vector it is sent."""
-        holders = [c for c, tasks in self.setup.holdings.items() if task in tasks]
-        return [reconstructions(self.payload_for(c), [task])[task] for c in holders]
+    def _client_starts(self) -> dict[str, list[Tensor]]:
+        """Per task, λ_n^t m_n^t ⊙ τ_n for each holder n: the reconstruction from the unified vector n is sent
+        (one unification per client, as in `payload_for`)."""
+        starts: dict[str, list[Tensor]] = {t: [] for t in self.vectors}
+        for held in self.setup.holdings.values():
+            tasks = list(held)
+            unified, masks, rescalers = unify(torch.stack([self.vectors[t] for t in tasks]))
+            for task, start in zip(tasks, reconstruct(unified, masks, rescalers), strict=True):
+                starts[task].append(start)
+        return starts
 
     def state_dict(self) -> dict[str, Tensor]:
         return {**{VECTOR_PREFIX + t: v for t, v in self.vectors.items()}, **self.heads}
