@@ -393,6 +393,34 @@ def test_co_held_tasks_never_conflict_in_sign_after_unification():
     assert float(task_similarity(torch.stack([apart["a"], apart["b"]]))[0, 1]) == pytest.approx(0.5, abs=0.01)
 
 
+def test_mean_mixing_is_a_consensus_step_over_the_neighbour_graph():
+    """Why MaTU's task vectors homogenize on digits (docs/matu.md): `mean` replaces each task's vector by a weighted
+    average of itself and its neighbours', so rounds of it drive every connected component of the neighbour graph
+    to one vector. Two clusters whose signs disagree (S ≈ 1/3 across, 2/3 within): with ε = 0.5 the graph splits
+    and only each cluster agrees on a vector; with ε = 0 it is connected and all four tasks end up at one vector."""
+    gen = torch.Generator().manual_seed(0)
+    base, noise = torch.randn(5000, generator=gen), torch.randn(4, 5000, generator=gen)
+    start = {"a1": base + noise[0], "a2": base + noise[1], "b1": -base + noise[2], "b2": -base + noise[3]}
+    similarity = task_similarity(torch.stack(list(start.values())))
+    assert float(similarity[0, 1]) == pytest.approx(2 / 3, abs=0.02)
+    assert float(similarity[0, 2]) == pytest.approx(1 / 3, abs=0.03)
+
+    def after_rounds(eps: float, rounds: int = 10) -> dict:
+        vectors = dict(start)
+        for _ in range(rounds):  # one single-task holder per task, no training in between
+            vectors = aggregate([upload(v, {task: v != 0}) for task, v in vectors.items()], eps=eps)
+        return vectors
+
+    def gap(vectors: dict, a: str, b: str) -> float:
+        return float((vectors[a] - vectors[b]).norm() / vectors[a].norm())
+
+    split = after_rounds(eps=0.5)
+    assert gap(split, "a1", "a2") < 1e-3 and gap(split, "b1", "b2") < 1e-3
+    assert gap(split, "a1", "b1") > gap(start, "a1", "b1")
+    connected = after_rounds(eps=0.0)
+    assert gap(connected, "a1", "b1") < 0.01 * gap(start, "a1", "b1")
+
+
 def test_aggregate_validation_errors():
     ups = _three_task_uploads()
     with pytest.raises(ValueError, match="mean, sum, none, uniform"):
