@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -183,11 +184,16 @@ def _merge_legends(axes: Axes, others: list[Axes]) -> None:
 SIMILARITY_PREFIX = "similarity/"
 
 
+def _similarity_pairs(row: dict[str, Any]) -> dict[str, float]:
+    """The `fit` scalars `similarity/<a>/<b>` of one metrics row, keyed by `<a>/<b>`."""
+    fit = row.get("fit") or {}
+    return {k[len(SIMILARITY_PREFIX):]: v for k, v in fit.items() if k.startswith(SIMILARITY_PREFIX)}
+
+
 def similarity_matrix(record: RunRecord) -> tuple[list[str], list[list[float]]] | None:
     """The last logged task-similarity matrix of a run (`fit` scalars `similarity/<a>/<b>`), if any."""
     for row in reversed(record.metrics):
-        fit = row.get("fit") or {}
-        pairs = {k[len(SIMILARITY_PREFIX):]: v for k, v in fit.items() if k.startswith(SIMILARITY_PREFIX)}
+        pairs = _similarity_pairs(row)
         if pairs:
             tasks = list(dict.fromkeys(key.split("/", 1)[0] for key in pairs))
             return tasks, [[pairs[f"{a}/{b}"] for b in tasks] for a in tasks]
@@ -224,4 +230,42 @@ def plot_similarity_heatmap(record: RunRecord, path: str | Path) -> Path | None:
         for j, value in enumerate(row):
             axes.text(j, i, f"{value:.2f}", ha="center", va="center", color="white", fontsize=8)
     figure.colorbar(image, ax=axes)
+    return save_figure(figure, path)
+
+
+def similarity_trajectory(record: RunRecord) -> tuple[list[int], dict[str, list[float]]] | None:
+    """Rounds that logged a task-similarity matrix and, per round, the min, median and max of its off-diagonal
+    S(t, t') (each unordered pair once, S(t, t) left out); None when no round logged one."""
+    rounds: list[int] = []
+    stats: dict[str, list[float]] = {"min": [], "median": [], "max": []}
+    for row in record.metrics:
+        pairs = {frozenset(key.split("/", 1)): float(v) for key, v in _similarity_pairs(row).items()}
+        values = [value for pair, value in pairs.items() if len(pair) == 2]
+        if values:
+            rounds.append(int(row["round"]))
+            stats["min"].append(min(values))
+            stats["median"].append(float(np.median(values)))
+            stats["max"].append(max(values))
+    return (rounds, stats) if rounds else None
+
+
+def plot_similarity_trajectory(record: RunRecord, path: str | Path) -> Path | None:
+    """Min, median and max off-diagonal task similarity against round, with MaTU's neighbour threshold ε and
+    the 0.5 of unrelated tasks (random signs) marked; None when the run logged no similarity."""
+    found = similarity_trajectory(record)
+    if found is None:
+        return None
+    rounds, stats = found
+    figure, axes = _new_axes(f"Off-diagonal task similarity per round: {record.label}")
+    axes.fill_between(rounds, stats["min"], stats["max"], color="C0", alpha=0.2)
+    for name, marker, width in (("max", "^", 1.0), ("median", "o", 2.0), ("min", "v", 1.0)):
+        axes.plot(rounds, stats[name], marker=marker, markersize=4, linewidth=width, color="C0",
+                  label=f"{name} over pairs")
+    eps = (record.summary.get("method_params") or {}).get("eps")
+    if isinstance(eps, int | float) and not isinstance(eps, bool):
+        axes.axhline(eps, linestyle="--", color="C3", label=f"ε = {eps:g} (neighbour threshold)")
+    axes.axhline(0.5, linestyle=":", color="gray", label="unrelated (random signs)")
+    axes.set(xlabel="round", ylabel="S(t, t')", ylim=(0, 1))
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _finish_legend(axes, [])
     return save_figure(figure, path)

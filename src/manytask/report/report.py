@@ -12,6 +12,7 @@ from manytask.report.plots import (
     plot_accuracy_vs_bits,
     plot_accuracy_vs_round,
     plot_similarity_heatmap,
+    plot_similarity_trajectory,
     plot_task_curves,
     similarity_ari,
 )
@@ -229,8 +230,8 @@ def _comparison_report(root: Path, records: list[RunRecord], graph_rounds: Seque
 
 
 def _similarity_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
-    """A task-similarity heatmap for every run that logged one (MaTU), titled with the adjusted Rand index
-    against the true task groups where the benchmark has them."""
+    """For every run that logged task similarity (MaTU): the final heatmap, titled with the adjusted Rand index
+    against the true task groups where the benchmark has them, and the off-diagonal similarity over rounds."""
     plots = []
     for record in records:
         path = plot_similarity_heatmap(record, folder / f"task_similarity_{record.label}.png")
@@ -238,6 +239,9 @@ def _similarity_plots(records: list[RunRecord], folder: Path) -> list[tuple[str,
             ari = similarity_ari(record)
             note = "" if ari is None else f"; adjusted Rand index vs the true task groups: {ari:.2f}"
             plots.append((f"Task similarity ({record.label}{note})", path))
+        path = plot_similarity_trajectory(record, folder / f"task_similarity_rounds_{record.label}.png")
+        if path is not None:
+            plots.append((f"Task similarity over rounds ({record.label})", path))
     return plots
 
 
