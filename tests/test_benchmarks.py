@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from manytask.benchmarks import BENCHMARKS, Benchmark, build_benchmark
-from manytask.benchmarks.digits import TASKS as DIGITS_TASKS
+from manytask.benchmarks.digits import DEFAULT_TASKS as DIGITS_TASKS
 from manytask.benchmarks.synthetic import make_generator
 from manytask.errors import ManytaskError
 from manytask.federation import build_federation
@@ -103,6 +103,35 @@ def test_digits_task_selection_and_errors() -> None:
         build_benchmark("digits-tasks", {"test_fraction": 1.0}, seed=0)
     with pytest.raises(ManytaskError, match="at least one task"):
         build_benchmark("digits-tasks", {"tasks": []}, seed=0)
+
+
+def test_digits_permuted_domains() -> None:
+    """Three fixed pixel permutations crossed with three label maps: same pixels within a domain, different
+    pixels across domains, and relations that follow the domains."""
+    names = ["digit", "permuted", "permuted-parity", "permuted2", "permuted2-mod3", "permuted3"]
+    bench = build_benchmark("digits-tasks", {"tasks": names}, seed=0)
+    x, y = bench.tasks["digit"].x_train.flatten(1), bench.tasks["digit"].y_train
+    pixels = {name: bench.tasks[name].x_train.flatten(1) for name in names}
+    assert torch.equal(pixels["permuted-parity"], pixels["permuted"])
+    assert torch.equal(pixels["permuted2-mod3"], pixels["permuted2"])
+    assert torch.equal(bench.tasks["permuted-parity"].y_train, y % 2)
+    assert torch.equal(bench.tasks["permuted2-mod3"].y_train, y % 3)
+    for name in ("permuted", "permuted2", "permuted3"):
+        assert torch.equal(pixels[name].sort(dim=1).values, x.sort(dim=1).values)
+    distinct = {tuple(pixels[n][0].tolist()) for n in ("digit", "permuted", "permuted2", "permuted3")}
+    assert len(distinct) == 4
+    # `permuted` keeps the permutation it had before the other domains existed.
+    default = build_benchmark("digits-tasks", {}, seed=0)
+    assert torch.equal(pixels["permuted"], default.tasks["permuted"].x_train.flatten(1))
+    relations = bench.metadata["relations"]
+    assert relations["permuted"] == {"related": ["permuted-parity"],
+                                     "conflicts": ["digit", "permuted2", "permuted2-mod3", "permuted3"]}
+    assert relations["digit"]["related"] == [] and len(relations["digit"]["conflicts"]) == 5
+    assert default.task_names == list(DIGITS_TASKS)
+    # True groups (the domains) only where the selection is a set of clusters.
+    assert "groups" not in bench.metadata and "groups" not in default.metadata
+    clusters = build_benchmark("digits-tasks", {"tasks": ["permuted2", "digit", "permuted2-mod3", "parity"]}, seed=0)
+    assert clusters.metadata["groups"] == {"permuted2": 0, "digit": 1, "permuted2-mod3": 0, "parity": 1}
 
 
 # --- synthetic -------------------------------------------------------------------------------------------

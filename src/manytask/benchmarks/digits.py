@@ -1,7 +1,13 @@
-"""`digits-tasks`: seven tasks over scikit-learn's 8×8 digits, sharing one train/test split of the images.
+"""`digits-tasks`: tasks over scikit-learn's 8×8 digits, sharing one train/test split of the images.
 
 Tasks differ by an input transform (rotation, inversion, a fixed pixel permutation) and/or a label map
 (parity, mod 3, ≥5). The images are split once, so no test image is in any task's training set.
+
+The seven classic tasks are the default selection. Three fixed pixel permutations, each crossed with the digit,
+parity and mod-3 labels, give input *domains* that share nothing with each other or with the unpermuted images:
+`permuted`, `permuted2`, `permuted3` and their `-parity` / `-mod3` variants. They make a benchmark of task
+clusters (the tasks of one domain are related, tasks of different domains conflict), the shape of a many-task
+benchmark built from different datasets.
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ class DigitsTaskDef:
     labels: str
     num_classes: int
     description: str
+    permutation: int = 0  # which fixed pixel permutation (1, 2, 3) when transform == "permute"
+
+    @property
+    def domain(self) -> str:
+        """Tasks of one domain see the same pixels; the unpermuted transforms keep the image's layout."""
+        return f"permutation {self.permutation}" if self.transform == "permute" else "spatial"
 
 
 TASKS: dict[str, DigitsTaskDef] = {
@@ -39,9 +51,23 @@ TASKS: dict[str, DigitsTaskDef] = {
     "parity": DigitsTaskDef("identity", "parity", 2, "is the digit odd (y mod 2)"),
     "mod3": DigitsTaskDef("identity", "mod3", 3, "the digit mod 3"),
     "ge5": DigitsTaskDef("identity", "ge5", 2, "is the digit at least 5"),
-    "permuted": DigitsTaskDef("permute", "digit", 10, "which digit, pixels shuffled by a fixed permutation"),
+    "permuted": DigitsTaskDef("permute", "digit", 10, "which digit, pixels shuffled by a fixed permutation", 1),
 }
-SPATIAL = ("digit", "rotated", "inverted", "parity", "mod3", "ge5")
+DEFAULT_TASKS = tuple(TASKS)
+
+
+def _permuted_domains() -> dict[str, DigitsTaskDef]:
+    """`permuted{2,3}` and the parity / mod-3 labels of all three permutations (not in the default selection)."""
+    labels = {"digit": (10, "which digit"), "parity": (2, "is the digit odd"), "mod3": (3, "the digit mod 3")}
+    out = {}
+    for k in (1, 2, 3):
+        for kind, (classes, text) in labels.items():
+            name = ("permuted" if k == 1 else f"permuted{k}") + ("" if kind == "digit" else f"-{kind}")
+            out[name] = DigitsTaskDef("permute", kind, classes, f"{text}, pixels shuffled by fixed permutation {k}", k)
+    return out
+
+
+TASKS |= {name: task for name, task in _permuted_domains().items() if name not in TASKS}
 
 LABEL_MAPS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "digit": lambda y: y,
@@ -52,7 +78,7 @@ LABEL_MAPS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 
 class DigitsParams(Params):
-    tasks: list[str] = Field(default_factory=lambda: list(TASKS))
+    tasks: list[str] = Field(default_factory=lambda: list(DEFAULT_TASKS))
     test_fraction: float = Field(0.25, gt=0, lt=1)
     holdout: float = Field(0.0, ge=0, lt=0.9, description="fraction of images no task uses: the pretraining source")
 
@@ -89,17 +115,32 @@ def transform_images(images: Images, kind: str, permutation: np.ndarray) -> Imag
     return images
 
 
+def pixel_permutation(seed: int, index: int, size: int) -> np.ndarray:
+    """Fixed permutation number `index` (1, 2, 3) of the pixels; number 1 is the one `permuted` always had."""
+    stream = "permutation" if index == 1 else f"permutation {index}"
+    return numpy_rng(seed, "digits", stream).permutation(size)
+
+
 def relations(names: list[str]) -> dict[str, dict[str, list[str]]]:
-    """Per selected task: which selected tasks are related (shared structure) and which conflict."""
+    """Per selected task: the selected tasks of its domain are related (shared structure), the others conflict."""
     out = {}
     for name in names:
-        if name == "permuted":
-            related, conflicts = [], [t for t in SPATIAL if t in names]
-        else:
-            related = [t for t in SPATIAL if t in names and t != name]
-            conflicts = ["permuted"] if "permuted" in names else []
-        out[name] = {"related": related, "conflicts": conflicts}
+        domain = TASKS[name].domain
+        out[name] = {
+            "related": [t for t in names if t != name and TASKS[t].domain == domain],
+            "conflicts": [t for t in names if TASKS[t].domain != domain],
+        }
     return out
+
+
+def domain_groups(names: list[str]) -> dict[str, int] | None:
+    """The selected tasks' input domains as true task groups (task -> group index), when the selection is a set of
+    clusters: two domains or more, each with two tasks or more. None otherwise (a lone task is no cluster)."""
+    domains = list(dict.fromkeys(TASKS[name].domain for name in names))
+    sizes = [sum(TASKS[name].domain == domain for name in names) for domain in domains]
+    if len(domains) < 2 or min(sizes) < 2:
+        return None
+    return {name: domains.index(TASKS[name].domain) for name in names}
 
 
 def _check_tasks(names: list[str]) -> None:
@@ -114,16 +155,17 @@ def _check_tasks(names: list[str]) -> None:
 
 
 def _make_task(
-    name: str, images: Images, labels: np.ndarray, split: tuple[np.ndarray, np.ndarray], perm: np.ndarray
+    name: str, images: Images, labels: np.ndarray, split: tuple[np.ndarray, np.ndarray],
+    perms: dict[int, np.ndarray],
 ) -> Task:
     spec = TASKS[name]
-    x = torch.from_numpy(transform_images(images, spec.transform, perm))
+    x = torch.from_numpy(transform_images(images, spec.transform, perms.get(spec.permutation, np.empty(0))))
     y = torch.from_numpy(LABEL_MAPS[spec.labels](labels))
     train, test = (torch.from_numpy(s) for s in split)
     return classification_task(name, x[train], y[train], x[test], y[test], spec.num_classes, spec.description)
 
 
-@register_benchmark("digits-tasks", DigitsParams, "7 related/conflicting tasks over 8x8 digits (sklearn)")
+@register_benchmark("digits-tasks", DigitsParams, "related/conflicting tasks over 8x8 digits (sklearn); 7 by default")
 def digits_tasks(params: DigitsParams, seed: int) -> Benchmark:
     """Build the selected digits tasks over one seeded stratified split of the images."""
     _check_tasks(params.tasks)
@@ -134,13 +176,16 @@ def digits_tasks(params: DigitsParams, seed: int) -> Benchmark:
         source = _source_task(images[held], labels[held], seed)
         images, labels = images[keep], labels[keep]
     split = stratified_split(labels, params.test_fraction, numpy_rng(seed, "digits", "split"))
-    perm = numpy_rng(seed, "digits", "permutation").permutation(images[0].size)
-    tasks = {name: _make_task(name, images, labels, split, perm) for name in params.tasks}
+    perms = {k: pixel_permutation(seed, k, images[0].size) for k in {TASKS[n].permutation for n in params.tasks} if k}
+    tasks = {name: _make_task(name, images, labels, split, perms) for name in params.tasks}
     description = (
-        "scikit-learn 8x8 digits: identity, rotated, inverted and permuted inputs; digit, parity, mod-3 and "
-        "≥5 labels; one train/test split of the images shared by all tasks"
+        "scikit-learn 8x8 digits: identity, rotated, inverted and pixel-permuted inputs; digit, parity, mod-3 "
+        "and ≥5 labels; one train/test split of the images shared by all tasks"
     )
-    return Benchmark("digits-tasks", tasks, description, {"relations": relations(params.tasks)}, source)
+    metadata: dict[str, object] = {"relations": relations(params.tasks)}
+    if (groups := domain_groups(params.tasks)) is not None:
+        metadata["groups"] = groups
+    return Benchmark("digits-tasks", tasks, description, metadata, source)
 
 
 def _source_task(images: Images, labels: np.ndarray, seed: int) -> Task:
