@@ -12,6 +12,7 @@ benchmark built from different datasets.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,11 +64,13 @@ def _permuted_domains() -> dict[str, DigitsTaskDef]:
     for k in (1, 2, 3):
         for kind, (classes, text) in labels.items():
             name = ("permuted" if k == 1 else f"permuted{k}") + ("" if kind == "digit" else f"-{kind}")
-            out[name] = DigitsTaskDef("permute", kind, classes, f"{text}, pixels shuffled by fixed permutation {k}", k)
+            if name not in TASKS:  # `permuted` itself is a classic task
+                description = f"{text}, pixels shuffled by fixed permutation {k}"
+                out[name] = DigitsTaskDef("permute", kind, classes, description, k)
     return out
 
 
-TASKS |= {name: task for name, task in _permuted_domains().items() if name not in TASKS}
+TASKS |= _permuted_domains()
 
 LABEL_MAPS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "digit": lambda y: y,
@@ -136,11 +139,11 @@ def relations(names: list[str]) -> dict[str, dict[str, list[str]]]:
 def domain_groups(names: list[str]) -> dict[str, int] | None:
     """The selected tasks' input domains as true task groups (task -> group index), when the selection is a set of
     clusters: two domains or more, each with two tasks or more. None otherwise (a lone task is no cluster)."""
-    domains = list(dict.fromkeys(TASKS[name].domain for name in names))
-    sizes = [sum(TASKS[name].domain == domain for name in names) for domain in domains]
-    if len(domains) < 2 or min(sizes) < 2:
+    sizes = Counter(TASKS[name].domain for name in names)  # domains in order of first appearance
+    if len(sizes) < 2 or min(sizes.values()) < 2:
         return None
-    return {name: domains.index(TASKS[name].domain) for name in names}
+    index = {domain: i for i, domain in enumerate(sizes)}
+    return {name: index[TASKS[name].domain] for name in names}
 
 
 def _check_tasks(names: list[str]) -> None:
