@@ -71,6 +71,20 @@ def test_matu_uploads_one_vector_plus_bit_masks_and_costs_fewer_bits_per_task_th
 
 
 @pytest.mark.slow
+def test_matu_without_unification_sends_each_task_its_own_vector(tmp_path):
+    """The ablation `unify: false`: one float vector per task each way, so holders start from the server's vectors."""
+    method = {"name": "matu", "unify": False, "label": "matu-per-task"}
+    summary = run_config(validate(small_config_dict(method=method, rounds=1, **ADAPTED)), tmp_path / "run")
+    d = 64 * 4 + 32 * 4
+    heads = (32 * 10 + 10) + (32 * 2 + 2) + (32 * 10 + 10)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    for sent in row["bytes_up"].values():
+        assert 4 * (3 * d + heads) < sent < 4 * (3 * d + heads) + 1500
+    for metrics in summary["matu-per-task"]["tasks"].values():
+        assert metrics["client_loss"] == pytest.approx(metrics["loss"], rel=1e-6)
+
+
+@pytest.mark.slow
 def test_matu_resumes_to_the_same_numbers(tmp_path):
     data = small_config_dict(method="matu", rounds=3, **ADAPTED)
     full = run_config(validate(data), tmp_path / "full")["matu"]

@@ -3,8 +3,9 @@
 Clients train one adapter copy per held task, unify the task vectors into one vector plus a bit mask and a
 rescaler per task, and upload those (masks as packed bits). The server keeps ONE vector per task (never per
 client): it aggregates same-task contributions under agreement masks, adds similar tasks' vectors (sign
-similarity, top-κ above ε), and sends each client the unification of its tasks' vectors. The math lives in
-`matu_math` as pure functions; this module only moves data in and out of it.
+similarity, top-κ above ε), and sends each client the unification of its tasks' vectors. `unify: false` is an
+ablation that sends every task's vector as it is, both ways. The math lives in `matu_math` as pure functions; this
+module only moves data in and out of it.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ class MatuParams(Params):
     eps: float = Field(default=DEFAULT_EPS, ge=0, le=1, description="similarity threshold ε")
     kappa: int | None = Field(default=DEFAULT_KAPPA, ge=0, description="at most κ neighbour tasks (None: all)")
     cross_task: Literal["mean", "sum", "none", "uniform"] = "mean"
+    unify: bool = Field(
+        default=True,
+        description="unify a client's task vectors into one vector + masks + rescalers (False: the ablation that "
+        "sends one vector per task both ways, to measure what unification costs)",
+    )
 
 
 class TaskVectorSpace:
@@ -86,8 +92,19 @@ def unified_message(vectors: Mapping[str, Tensor], extra: Mapping[str, Tensor], 
     return Message.from_tensors(arrays, scalars=scalars)
 
 
-def reconstructions(message: Message, tasks: list[str]) -> dict[str, Tensor]:
-    """λ^t · m^t ⊙ τ_uni for each task in a unified message."""
+def task_vectors_message(
+    vectors: Mapping[str, Tensor], extra: Mapping[str, Tensor], scalars: dict, unified: bool
+) -> Message:
+    """Per-task vectors on the wire: unified (MaTU) or, for the ablation, one float vector per task."""
+    if unified:
+        return unified_message(vectors, extra, scalars)
+    return Message.from_tensors({**{VECTOR_PREFIX + t: v for t, v in vectors.items()}, **extra}, scalars=scalars)
+
+
+def received_vectors(message: Message, tasks: list[str]) -> dict[str, Tensor]:
+    """Each task's vector as a message carries it: λ^t · m^t ⊙ τ_uni when unified, else the vector itself."""
+    if UNIFIED not in message.arrays:
+        return {t: message.tensor(VECTOR_PREFIX + t) for t in tasks}
     unified = message.tensor(UNIFIED)
     return {t: reconstruct(unified, message.tensor(MASK_PREFIX + t), float(message.scalars[RESCALER_PREFIX + t]))
             for t in tasks}
@@ -95,10 +112,10 @@ def reconstructions(message: Message, tasks: list[str]) -> dict[str, Tensor]:
 
 class MatuClient(ClientProgram):
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
-        assert payload is not None, "MaTU clients always receive their tasks' unified vector"
+        assert payload is not None, "MaTU clients always receive their tasks' vectors"
         vectors_space = TaskVectorSpace(self.setup)
         tasks = list(ctx.data)
-        starts = reconstructions(payload, tasks)
+        starts = received_vectors(payload, tasks)
         received_heads = {k: v for k, v in payload.tensors().items() if task_of_key(k) is not None}
         vectors, heads, scalars = {}, {}, {}
         for task in tasks:
@@ -110,7 +127,7 @@ class MatuClient(ClientProgram):
             heads.update({k: v for k, v in trainable_state(model, [task]).items() if task_of_key(k) == task})
             scalars[LOSS_PREFIX + task] = report.mean_loss[task]
             scalars[SIZE_PREFIX + task] = len(ctx.data[task][1])
-        return unified_message(vectors, heads, scalars)
+        return task_vectors_message(vectors, heads, scalars, self.params.unify)
 
 
 class MatuServer(ServerProgram):
@@ -128,13 +145,13 @@ class MatuServer(ServerProgram):
     def payload_for(self, client: int) -> Message:
         tasks = list(self.setup.holdings[client])
         heads = {k: v for k, v in self.heads.items() if task_of_key(k) in tasks}
-        return unified_message({t: self.vectors[t] for t in tasks}, heads, {})
+        return task_vectors_message({t: self.vectors[t] for t in tasks}, heads, {}, self.params.unify)
 
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         received = [r for r in replies.values() if r is not None]
         if not received:
             return {}
-        uploads = [self._upload(r) for r in received]
+        uploads = [upload for r in received for upload in self._uploads(r)]
         p = self.params
         self.vectors.update(aggregate(uploads, rho=p.rho, eps=p.eps, kappa=p.kappa, cross_task=p.cross_task))
         head_updates = [{k: v for k, v in r.tensors().items() if task_of_key(k) is not None} for r in received]
@@ -142,14 +159,20 @@ class MatuServer(ServerProgram):
         self.heads.update(weighted_average(head_updates, weights))
         return self._similarity_log()
 
-    def _upload(self, reply: Message) -> dict:
+    def _uploads(self, reply: Message) -> list[dict]:
+        """A reply as `aggregate` takes it: one upload, or, without unification, one per task with a full mask
+        and λ = 1 (so steps 1-2 reduce to agreement-masked weighted averages of the tasks' own vectors)."""
         sizes = task_sizes(reply)
-        return {
+        if UNIFIED not in reply.arrays:
+            full = torch.ones(self.space.space.dim, dtype=torch.bool)
+            return [{"unified": reply.tensor(VECTOR_PREFIX + t), "masks": {t: full}, "rescalers": {t: 1.0},
+                     "sizes": {t: n}} for t, n in sizes.items()]
+        return [{
             "unified": reply.tensor(UNIFIED),
             "masks": {t: reply.tensor(MASK_PREFIX + t) for t in sizes},
             "rescalers": {t: float(reply.scalars[RESCALER_PREFIX + t]) for t in sizes},
             "sizes": sizes,
-        }
+        }]
 
     def _similarity_log(self) -> dict[str, float]:
         """S(t, t') between the current task vectors (eq. 5), flattened for metrics.jsonl (paper Fig. 2)."""
@@ -173,13 +196,11 @@ class MatuServer(ServerProgram):
         return metrics
 
     def _client_starts(self) -> dict[str, list[Tensor]]:
-        """Per task, λ_n^t m_n^t ⊙ τ_n for each holder n: the reconstruction from the unified vector n is sent
-        (one unification per client, as in `payload_for`)."""
+        """Per task, what each holder n starts from: λ_n^t m_n^t ⊙ τ_n, the reconstruction from the unified vector
+        `payload_for(n)` sends (the task's own vector under `unify: false`)."""
         starts: dict[str, list[Tensor]] = {t: [] for t in self.vectors}
-        for held in self.setup.holdings.values():
-            tasks = list(held)
-            unified, masks, rescalers = unify(torch.stack([self.vectors[t] for t in tasks]))
-            for task, start in zip(tasks, reconstruct(unified, masks, rescalers), strict=True):
+        for client in self.setup.holdings:
+            for task, start in received_vectors(self.payload_for(client), list(self.setup.holdings[client])).items():
                 starts[task].append(start)
         return starts
 
