@@ -19,6 +19,8 @@ ADAPTED = {
     "train": {"lr": 0.03, "local_epochs": 1, "batch_size": 32},
     "federation": {"num_clients": 4, "tasks": {"kind": "all"}, "samples": {"kind": "iid"}},
 }
+ADAPTER_DIM = 64 * 4 + 32 * 4  # ADAPTED's LoRA A (rank x in) and B (out x rank) of the one hidden linear layer
+HEAD_PARAMS = (32 * 10 + 10) + (32 * 2 + 2) + (32 * 10 + 10)  # digit, parity, rotated heads on 32 features
 
 
 def test_group_clients_by_update_similarity():
@@ -58,8 +60,7 @@ def test_matu_uploads_one_vector_plus_bit_masks_and_costs_fewer_bits_per_task_th
     config = validate(small_config_dict(method=["matu", {"name": "fedavg", "per_task": True}], rounds=1, **ADAPTED))
     summaries = run_config(config, tmp_path / "cmp")
     assert summaries["matu"]["bits_per_task_per_round"] < summaries["fedavg"]["bits_per_task_per_round"]
-    d = 64 * 4 + 32 * 4  # LoRA A (rank x in) and B (out x rank) of the one hidden linear layer
-    heads = (32 * 10 + 10) + (32 * 2 + 2) + (32 * 10 + 10)
+    d, heads = ADAPTER_DIM, HEAD_PARAMS
     expected = {
         "matu": 4 * (d + heads) + 3 * math.ceil(d / 8),  # one unified vector, 3 masks as packed bits, heads
         "fedavg": 4 * (3 * d + heads),  # one adapter copy per task, heads
@@ -75,11 +76,10 @@ def test_matu_without_unification_sends_each_task_its_own_vector(tmp_path):
     """The ablation `unify: false`: one float vector per task each way, so holders start from the server's vectors."""
     method = {"name": "matu", "unify": False, "label": "matu-per-task"}
     summary = run_config(validate(small_config_dict(method=method, rounds=1, **ADAPTED)), tmp_path / "run")
-    d = 64 * 4 + 32 * 4
-    heads = (32 * 10 + 10) + (32 * 2 + 2) + (32 * 10 + 10)
+    per_task = 4 * (3 * ADAPTER_DIM + HEAD_PARAMS)  # one float vector per task, heads
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     for sent in row["bytes_up"].values():
-        assert 4 * (3 * d + heads) < sent < 4 * (3 * d + heads) + 1500
+        assert per_task < sent < per_task + 1500
     for metrics in summary["matu-per-task"]["tasks"].values():
         assert metrics["client_loss"] == pytest.approx(metrics["loss"], rel=1e-6)
 
