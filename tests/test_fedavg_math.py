@@ -4,8 +4,8 @@ import torch
 from manytask.config import validate
 from manytask.experiment import Experiment
 from manytask.messages import Message
-from manytask.methods.fedavg import fedavg_weights, weighted_average
-from manytask.methods.fedprox import proximal_term
+from manytask.methods.common.aggregation import fedavg_weights, weighted_average
+from manytask.methods.hosts.fedprox import proximal_term
 from tests.conftest import small_config_dict
 
 
@@ -47,6 +47,7 @@ def test_fedavg_server_aggregates_client_messages_by_holders():
         tensors.update({k: torch.full_like(v, value) for k, v in server.global_state.items()
                         if any(k.startswith(f"heads.{t}.") for t in tasks)})
         replies[client] = Message.from_tensors(tensors, scalars={f"n/{t}": 10 * (client + 1) for t in tasks})
+    server.configure_fit(0, [0, 1])
     n0 = 10 * len(exp.federation.tasks_of(0))
     n1 = 20 * len(exp.federation.tasks_of(1))
     server.aggregate_fit(0, replies)
@@ -69,6 +70,7 @@ def test_a_shared_head_is_one_head_averaged_over_every_client_and_placed_as_each
     assert "head.weight" in reply.tensors() and not any(k.startswith("heads.") for k in reply.tensors())
     replies = {c: Message.from_tensors({"head.weight": torch.full((10, 16), float(c)), "head.bias": torch.zeros(10)},
                                        scalars={f"n/{exp.federation.tasks_of(c)[0]}": 10 * c}) for c in (1, 2)}
+    server.configure_fit(0, [1, 2])
     server.aggregate_fit(0, replies)
     assert torch.allclose(server.global_state["head.weight"], torch.full((10, 16), (10 * 1 + 20 * 2) / 30))
     model = server.global_model(task)

@@ -10,8 +10,8 @@ from manytask.config import validate
 from manytask.engine.checkpoint import load_checkpoint
 from manytask.errors import ManytaskError
 from manytask.messages import Message
-from manytask.methods.fedu import FeduParams, FeduServer, complete_graph
-from manytask.methods.laplacian import laplacian_step
+from manytask.methods.common.laplacian import laplacian_step
+from manytask.methods.personalized.fedu import FeduParams, FeduServer, complete_graph
 from manytask.run import resume, run_config
 from tests.conftest import small_config_dict
 from tests.test_pfedme import FULL_MODEL, tiny_setup

@@ -1,9 +1,9 @@
-"""Hand-computed checks of MaTU's math (`manytask.methods.matu_math`, spec `specs/matu.md`)."""
+"""Hand-computed checks of MaTU's math (`manytask.methods.manytask.matu_math`, spec `specs/matu.md`)."""
 
 import pytest
 import torch
 
-from manytask.methods.matu_math import (
+from manytask.methods.manytask.matu_math import (
     CROSS_TASK_MODES,
     DEFAULT_KAPPA,
     aggregate,

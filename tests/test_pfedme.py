@@ -12,7 +12,7 @@ from manytask.engine.checkpoint import load_checkpoint
 from manytask.errors import ManytaskError
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, Setup
-from manytask.methods.pfedme import (
+from manytask.methods.personalized.pfedme import (
     PfedmeClient,
     PfedmeParams,
     PfedmeServer,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from manytask.config import validate
-from manytask.methods.sfmtl import AnchorHook
+from manytask.methods.manytask.sfmtl import AnchorHook
 from manytask.models import build_model
 from manytask.run import resume, run_config
 from manytask.tasks import TaskKind, TaskSpec
@@ -27,7 +27,7 @@ def test_anchor_loss_and_momentum_update_by_hand():
     x = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]])  # features = relu(x) = x
     y = torch.tensor([0, 0, 1])
     hook = AnchorHook(torch.zeros(2, 2), weight=0.1, momentum=0.5)
-    loss = hook.batch_loss(model, "t", x, y)
+    loss = hook.batch_loss(model.backbone(x), y)
     # class 0: mean(|[1,0]|², |[3,0]|²) / k = 5 / 2; class 1: |[0,2]|² / k = 4 / 2; 0.1 · (2.5 + 2) / 2 = 0.225
     assert loss.item() == pytest.approx(0.225)
     assert torch.allclose(hook.anchors, torch.tensor([[1.0, 0.0], [0.0, 1.0]]))  # 0.5·0 + 0.5·mean

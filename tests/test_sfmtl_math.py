@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from manytask.methods.laplacian import laplacian_step
-from manytask.methods.sfmtl_math import (
+from manytask.methods.common.laplacian import laplacian_step
+from manytask.methods.manytask.sfmtl_math import (
     anchor_similarity,
     communities,
     community_anchors,

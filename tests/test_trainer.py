@@ -41,8 +41,8 @@ def test_epochs_count_batches_of_the_largest_task():
 
 def test_gradient_mask_hook_freezes_masked_parameters():
     class FreezeBackbone(TrainHook):
-        def after_backward(self, model):
-            for name, p in model.named_parameters():
+        def after_backward(self, step):
+            for name, p in step.model.named_parameters():
                 if name.startswith("backbone."):
                     p.grad.zero_()
 
@@ -56,8 +56,8 @@ def test_gradient_mask_hook_freezes_masked_parameters():
 
 def test_extra_loss_hook_is_added():
     class Huge(TrainHook):
-        def extra_loss(self, model):
-            return 25 * sum(p.pow(2).sum() for p in model.parameters())
+        def loss(self, step):
+            return 25 * sum(p.pow(2).sum() for p in step.model.parameters())
 
     model = _model()
     Trainer(TrainConfig(lr=0.01, momentum=0, local_steps=20), SPECS).train(

@@ -90,9 +90,10 @@ class RunConfig(Params):
         return self.method if isinstance(self.method, list) else [self.method]
 
     @model_validator(mode="after")
-    def _method_train_overrides(self) -> RunConfig:
+    def _method_entries(self) -> RunConfig:
         for method in self.methods:
             method_train(self.train, method)
+            split_plugin(method)
         return self
 
     def for_method(self, method: Named) -> RunConfig:
@@ -124,14 +125,34 @@ def method_train(train: TrainConfig, method: Named) -> TrainConfig:
         raise ValueError(f"method '{method_label(method)}': train.{where}: {first['msg']}") from None
 
 
+PLUGIN = "plugin"
+
+
 def method_label(method: Named) -> str:
-    return str(method.get("label") or method["name"])
+    """The entry's `label`, else its name, with `+<plug-in>` when it has one (`fedprox+dea`)."""
+    if method.get("label"):
+        return str(method["label"])
+    plugin = split_plugin(method)
+    return str(method["name"]) + ("" if plugin is None else f"+{plugin[0]}")
 
 
 def split_method(method: Named) -> tuple[str, dict[str, Any]]:
     """(registered name, its parameters) of a method entry."""
-    params = {k: v for k, v in method.items() if k not in ("name", "label", TRAIN_OVERRIDES)}
+    params = {k: v for k, v in method.items() if k not in ("name", "label", TRAIN_OVERRIDES, PLUGIN)}
     return method["name"], params
+
+
+def split_plugin(method: Named) -> tuple[str, dict[str, Any]] | None:
+    """(registered name, its parameters) of the entry's plug-in (`plugin: dea` or `plugin: {name: dea, rho: 0.3}`),
+    or None without one."""
+    plugin = method.get(PLUGIN)
+    if plugin is None:
+        return None
+    try:
+        entry = _named(plugin, "name")
+    except ValueError:
+        raise ValueError(f"method '{method['name']}': 'plugin' must be a name or a mapping with a 'name'") from None
+    return entry["name"], {k: v for k, v in entry.items() if k != "name"}
 
 
 def default_config() -> dict[str, Any]:

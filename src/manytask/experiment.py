@@ -11,10 +11,11 @@ from pydantic import ValidationError
 
 from manytask.benchmarks import Benchmark, build_benchmark
 from manytask.client.trainer import TaskData
-from manytask.config import RunConfig, method_label, split_method
+from manytask.config import RunConfig, method_label, split_method, split_plugin
 from manytask.errors import ManytaskError
 from manytask.federation import Federation, build_federation
-from manytask.methods import METHODS, ClientProgram, MethodDef, ServerProgram, Setup
+from manytask.methods import METHODS, PLUGINS, ClientProgram, MethodDef, ServerProgram, Setup
+from manytask.methods.registry import PluginDef
 from manytask.models import BACKBONES
 from manytask.models.adapters import LoraParams
 from manytask.pretrain import Pretrained, PretrainParams, pretrained_backbone
@@ -32,6 +33,8 @@ class Experiment:
     federation: Federation
     setup: Setup
     pretraining: str | None = None  # what the backbone was pretrained on (for reports)
+    plugin: PluginDef | None = None  # wraps the method's programs
+    plugin_params: Params | None = None
 
     @classmethod
     def build(cls, config: RunConfig, benchmark: Benchmark | None = None) -> Experiment:
@@ -41,6 +44,7 @@ class Experiment:
         name, raw_params = split_method(config.method)
         method = METHODS.get(name).target
         params = METHODS.parse_params(name, raw_params)
+        plugin, plugin_params = parse_plugin(config.method, name)
         model = ModelConfig(**config.model)
         if benchmark is None:
             benchmark = make_benchmark(config)
@@ -57,13 +61,16 @@ class Experiment:
             pretrained=None if pretrained is None else str(pretrained.path),
         )
         description = None if pretrained is None else pretrained.description
-        return cls(config, method_label(config.method), name, method, params, benchmark, federation, setup, description)
+        return cls(config, method_label(config.method), name, method, params, benchmark, federation, setup,
+                   description, plugin, plugin_params)
 
     def client_program(self) -> ClientProgram:
-        return self.method.client(self.setup, self.method_params)
+        host = self.method.client(self.setup, self.method_params)
+        return host if self.plugin is None else self.plugin.client(host, self.setup, self.plugin_params)
 
     def server_program(self) -> ServerProgram:
-        return self.method.server(self.setup, self.method_params)
+        host = self.method.server(self.setup, self.method_params)
+        return host if self.plugin is None else self.plugin.server(host, self.setup, self.plugin_params)
 
     def client_data(self, client: int) -> TaskData:
         """The client's training tensors per held task."""
@@ -76,6 +83,17 @@ class Experiment:
     def test_data(self, tasks: list[str] | None = None) -> TaskData:
         names = self.benchmark.task_names if tasks is None else tasks
         return {n: (self.benchmark.tasks[n].x_test, self.benchmark.tasks[n].y_test) for n in names}
+
+
+def parse_plugin(entry: dict[str, Any], method: str) -> tuple[PluginDef | None, Params | None]:
+    """The method entry's plug-in and its validated parameters; it must accept the method's family."""
+    found = split_plugin(entry)
+    if found is None:
+        return None, None
+    name, raw = found
+    plugin = PLUGINS.get(name).target
+    plugin.check_host(name, method)
+    return plugin, PLUGINS.parse_params(name, raw)
 
 
 def make_benchmark(config: RunConfig) -> Benchmark:

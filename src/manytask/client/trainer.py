@@ -1,21 +1,26 @@
-"""The local `Trainer` every method uses: optimizer, steps or epochs, a per-round lr schedule, and hooks.
+"""The local `Trainer` every method uses: optimizer, steps or epochs, a per-round lr schedule, and extension points.
 
-A multi-task client takes one batch of every held task per step and sums the task losses, so one step moves the
-shared backbone for all its tasks at once. Hooks let methods add loss terms (FedProx's proximal term), edit
-gradients (masks) or act after each step, without copying the loop.
+A multi-task client takes one batch of every held task per step and combines the task losses (by default their sum),
+so one step moves the shared backbone for all its tasks at once. Methods extend the one loop instead of copying it:
+- hooks see a `StepContext` (step, lr, every task's batch, outputs and backbone features of the forward pass already
+  done, the task losses) and may add loss terms, edit gradients or act after the step;
+- a loss combiner replaces the sum of task losses (learned task weights, e.g. GradNorm);
+- an optimizer factory replaces the config's SGD/AdamW (e.g. `SparseSGDM`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor, nn
 
+from manytask.client.optimizers import OptimizerFactory, config_optimizer
+from manytask.client.schedules import Schedule, scheduled_lr
 from manytask.registry import Params
 from manytask.seeding import torch_generator
 from manytask.tasks.task import TaskSpec
@@ -29,34 +34,54 @@ class TrainConfig(Params):
     local_epochs: int = Field(default=1, ge=1)
     local_steps: int | None = Field(default=None, ge=1, description="overrides local_epochs when set")
     batch_size: int = Field(default=32, ge=1)
-    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    lr_schedule: Schedule = "constant"
+    warmup_rounds: int = Field(default=0, ge=0, description="warmup-cosine: rounds of linear warmup")
+    lr_power: float = Field(default=0.9, gt=0, description="poly: p in lr·(1 − r/R)^p")
     grad_clip: float | None = Field(default=None, gt=0)
 
     def lr_at(self, round_index: int, total_rounds: int) -> float:
         """The learning rate of a round (0-based); the schedule runs over rounds, not local steps."""
-        progress = round_index / max(total_rounds, 1)
-        if self.lr_schedule == "cosine":
-            return self.lr * 0.5 * (1 + math.cos(math.pi * progress))
-        if self.lr_schedule == "linear":
-            return self.lr * (1 - progress)
-        return self.lr
+        return scheduled_lr(
+            self.lr, self.lr_schedule, round_index, total_rounds, self.warmup_rounds, self.lr_power
+        )
+
+
+@dataclass
+class StepContext:
+    """What hooks and the loss combiner see at one local step, after the forward pass of every held task."""
+
+    step: int  # 0-based local step
+    lr: float
+    model: nn.Module
+    batches: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # task -> (x, y) of this step
+    outputs: dict[str, Tensor] = field(default_factory=dict)  # task -> its head's outputs
+    features: dict[str, Tensor] = field(default_factory=dict)  # task -> backbone features of its batch
+    losses: dict[str, Tensor] = field(default_factory=dict)  # task -> mean loss of its batch (with its graph)
 
 
 class TrainHook:
     """Override what you need; the defaults do nothing."""
 
-    def extra_loss(self, model: nn.Module) -> Tensor | None:
+    def loss(self, step: StepContext) -> Tensor | None:
+        """A term added to the step's loss (a proximal or contrastive term, an anchor loss), or None."""
         return None
 
-    def batch_loss(self, model: nn.Module, task: str, x: Tensor, y: Tensor) -> Tensor | None:
-        """A loss term that needs the batch (e.g. a feature-anchor loss); None for none."""
-        return None
+    def after_backward(self, step: StepContext) -> None:
+        """Runs between backward() and the optimizer step: the place for gradient edits."""
 
-    def after_backward(self, model: nn.Module) -> None:
-        """Runs between backward() and the optimizer step: the place for gradient masks."""
-
-    def after_step(self, model: nn.Module) -> None:
+    def after_step(self, step: StepContext) -> None:
         """Runs after each optimizer step."""
+
+
+LossCombiner = Callable[[StepContext], Tensor]
+
+
+def sum_of_task_losses(step: StepContext) -> Tensor:
+    """The default combination: Σ_t L_t, in the order the client holds its tasks."""
+    total = torch.zeros(())
+    for loss in step.losses.values():
+        total = total + loss
+    return total
 
 
 @dataclass
@@ -73,54 +98,68 @@ class Trainer:
         self.config = config
         self.specs = specs
 
-    def num_steps(self, data: TaskData) -> int:
+    def steps_for(self, sizes: Mapping[str, int]) -> int:
+        """Local steps of a client holding tasks of these sizes: `local_steps`, else epochs × the batches of its
+        largest task. Servers whose step depends on local work use this too, so both sides agree."""
         if self.config.local_steps is not None:
             return self.config.local_steps
-        batches = max(math.ceil(len(y) / self.config.batch_size) for _, y in data.values())
-        return self.config.local_epochs * batches
+        return self.config.local_epochs * self.steps_per_epoch(sizes)
+
+    def steps_per_epoch(self, sizes: Mapping[str, int]) -> int:
+        return max(math.ceil(n / self.config.batch_size) for n in sizes.values())
+
+    def epochs_for(self, sizes: Mapping[str, int]) -> float:
+        """The local work in epochs: `local_epochs`, or `local_steps` as a fraction of one epoch's steps."""
+        if self.config.local_steps is None:
+            return float(self.config.local_epochs)
+        return self.config.local_steps / self.steps_per_epoch(sizes)
+
+    def num_steps(self, data: TaskData) -> int:
+        return self.steps_for({task: len(y) for task, (_, y) in data.items()})
 
     def train(
         self, model: nn.Module, data: TaskData, seed: int, round_index: int, total_rounds: int,
-        hooks: Sequence[TrainHook] = (), parameters: Sequence[nn.Parameter] | None = None,
+        hooks: Sequence[TrainHook] = (), optimizer: OptimizerFactory | None = None,
+        combine: LossCombiner = sum_of_task_losses,
     ) -> TrainReport:
         """Train `model` in place on every task in `data`; deterministic given `seed`."""
-        params = list(parameters) if parameters is not None else [p for p in model.parameters() if p.requires_grad]
-        optimizer = self._optimizer(params, self.config.lr_at(round_index, total_rounds))
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        lr = self.config.lr_at(round_index, total_rounds)
+        factory = optimizer or config_optimizer(self.config.optimizer, self.config.momentum, self.config.weight_decay)
+        opt = factory(named, lr)
         batches = {task: shuffled_batches(x, y, self.config.batch_size, seed, task) for task, (x, y) in data.items()}
         totals = dict.fromkeys(data, 0.0)
         steps = self.num_steps(data)
         model.train()
-        for _ in range(steps):
-            optimizer.zero_grad(set_to_none=True)
-            loss = torch.zeros(())
+        for index in range(steps):
+            opt.zero_grad(set_to_none=True)
+            step = StepContext(index, lr, model)
             for task, stream in batches.items():
-                x, y = next(stream)
-                task_loss = self.specs[task].loss(model(x, task), y)
-                totals[task] += task_loss.item()
-                loss = loss + task_loss
-                for hook in hooks:
-                    extra = hook.batch_loss(model, task, x, y)
-                    if extra is not None:
-                        loss = loss + extra
+                self._forward(step, task, next(stream))
+                totals[task] += step.losses[task].item()
+            loss = combine(step)
             for hook in hooks:
-                extra = hook.extra_loss(model)
+                extra = hook.loss(step)
                 if extra is not None:
                     loss = loss + extra
             loss.backward()
             for hook in hooks:
-                hook.after_backward(model)
+                hook.after_backward(step)
             if self.config.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
-            optimizer.step()
+            opt.step()
             for hook in hooks:
-                hook.after_step(model)
+                hook.after_step(step)
         return TrainReport(steps, {task: total / max(steps, 1) for task, total in totals.items()})
 
-    def _optimizer(self, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-        cfg = self.config
-        if cfg.optimizer == "adamw":
-            return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
-        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    def _forward(self, step: StepContext, task: str, batch: tuple[Tensor, Tensor]) -> None:
+        x, y = batch
+        outputs, features = step.model.forward_with_features(x, task)
+        step.batches[task] = batch
+        step.outputs[task] = outputs
+        step.features[task] = features
+        step.losses[task] = self.specs[task].loss(outputs, y)
 
 
 def shuffled_batches(x: Tensor, y: Tensor, batch_size: int, seed: int, task: str) -> Iterator[tuple[Tensor, Tensor]]:

@@ -104,7 +104,7 @@ class RoundLoop:
         config = self.exp.config
         num_clients = self.exp.federation.num_clients
         count = clients_per_round(num_clients, config.participation, config.clients_per_round)
-        sampled = sample_clients(config.seed, round_index, num_clients, count)
+        sampled = self._participants(round_index, sample_clients(config.seed, round_index, num_clients, count))
         simulated = sample_dropouts(config.seed, round_index, sampled, config.dropout)
         payloads = _serialize(self.server.configure_fit(round_index, sampled))
         outcome = self.transport.fit(round_index, payloads, simulated)
@@ -125,6 +125,15 @@ class RoundLoop:
             "client_seconds": {str(c): s for c, s in sorted(outcome.seconds.items())},
             "fit": fit_metrics,
         }
+
+    def _participants(self, round_index: int, sampled: list[int]) -> list[int]:
+        """The engine's sample, or the clients the server asks for instead (sorted, each once)."""
+        chosen = self.server.participants(round_index, list(sampled))
+        unknown = sorted(set(chosen) - set(range(self.exp.federation.num_clients)))
+        if unknown or not chosen:
+            raise ManytaskError(f"round {round_index + 1}: the server asked for clients {sorted(chosen)}, which are "
+                                f"not clients of this {self.exp.federation.num_clients}-client federation.")
+        return sorted(set(chosen))
 
     def _check_enough(self, round_index: int, sampled: int, outcome: FitOutcome) -> None:
         needed = min(self.exp.config.min_replies, sampled)

@@ -1,7 +1,14 @@
-"""Methods: one module per method, each registering a ClientProgram/ServerProgram pair."""
+"""Methods by family, each registering a ClientProgram/ServerProgram pair (plug-ins: a pair of wrappers):
+hosts (one global model), plug-ins over any host, personalized methods, many-task methods, and references."""
 
-from manytask.methods import fedavg, fedper, fedprox, fedu, local, matfl, matu, pfedme, sfmtl  # noqa: F401  (registration)
+from manytask.methods import reference  # noqa: F401  (registration)
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, ServerProgram, Setup
-from manytask.methods.registry import METHODS, register_method
+from manytask.methods.hosts import fedavg, fedprox  # noqa: F401  (registration)
+from manytask.methods.manytask import matfl, matu, sfmtl  # noqa: F401  (registration)
+from manytask.methods.personalized import fedper, fedu, pfedme  # noqa: F401  (registration)
+from manytask.methods.registry import METHODS, PLUGINS, register_method, register_plugin
 
-__all__ = ["METHODS", "ClientContext", "ClientProgram", "MethodDef", "ServerProgram", "Setup", "register_method"]
+__all__ = [
+    "METHODS", "PLUGINS", "ClientContext", "ClientProgram", "MethodDef", "ServerProgram", "Setup",
+    "register_method", "register_plugin",
+]

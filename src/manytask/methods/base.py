@@ -25,9 +25,6 @@ from manytask.seeding import derive_seed
 from manytask.tasks.task import TaskSpec
 
 Metrics = dict[str, dict[str, float]]  # task -> metric -> value
-# A server-evaluated method may add its clients' view of a task (the model a holder starts from) under the task's
-# metric names with this prefix, averaged over the task's holders (MaTU's spec asks for both views).
-CLIENT_VIEW_PREFIX = "client_"
 P = TypeVar("P", bound=Params)
 
 
@@ -101,9 +98,14 @@ class ServerProgram(ABC, Generic[P]):
         self.setup = setup
         self.params = params
 
+    def participants(self, round_index: int, sampled: list[int]) -> list[int]:
+        """The clients this round trains: the engine's sample by default. A server may ask for others (every
+        client once, to collect their masks); ids must be clients of the federation."""
+        return sampled
+
     @abstractmethod
     def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
-        """The payload for each sampled client (per-client payloads are allowed)."""
+        """The payload for each participant (per-client payloads are allowed)."""
 
     @abstractmethod
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
@@ -128,8 +130,10 @@ class ServerProgram(ABC, Generic[P]):
 
 @dataclass(frozen=True)
 class MethodDef:
-    """A registered method: its two programs and how it sees the federation."""
+    """A registered method: its two programs, how it sees the federation, and its family (`methods.registry`:
+    plug-ins wrap hosts)."""
 
     client: type[ClientProgram]
     server: type[ServerProgram]
     pooled: bool = False  # True: one client per task holding all its data (the centralized reference)
+    family: str = "many-task"  # one of methods.registry.FAMILIES

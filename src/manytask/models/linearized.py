@@ -35,4 +35,8 @@ class Linearized(nn.Module):
         return value + tangent
 
     def forward(self, x: Tensor, task: str) -> Tensor:
-        return self.model.heads[task](self.features(x))
+        return self.forward_with_features(x, task)[0]
+
+    def forward_with_features(self, x: Tensor, task: str) -> tuple[Tensor, Tensor]:
+        features = self.features(x)
+        return self.model.heads[task](features), features

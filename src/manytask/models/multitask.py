@@ -14,6 +14,7 @@ from manytask.tasks.task import TaskSpec
 BACKBONE_PREFIX = "backbone."
 HEAD_PREFIX = "heads."
 ROLE_HEAD_PREFIX = "head."  # a one-task client's only head, whatever its task's name ("role form")
+BUFFER_PREFIX = "buffer/"  # buffers (BN running statistics) travel and are kept under this mark + their name
 
 
 class MultiTaskModel(nn.Module):
@@ -27,7 +28,12 @@ class MultiTaskModel(nn.Module):
         self.heads = nn.ModuleDict({name: nn.Linear(width, spec.num_outputs) for name, spec in specs.items()})
 
     def forward(self, x: Tensor, task: str) -> Tensor:
-        return self.heads[task](self.backbone(x))
+        return self.forward_with_features(x, task)[0]
+
+    def forward_with_features(self, x: Tensor, task: str) -> tuple[Tensor, Tensor]:
+        """(the task head's outputs, the backbone features they were computed from)."""
+        features = self.backbone(x)
+        return self.heads[task](features), features
 
 
 def head_prefix(task: str) -> str:
@@ -36,20 +42,40 @@ def head_prefix(task: str) -> str:
 
 
 def task_of_key(key: str) -> str | None:
-    """The task a parameter belongs to, or None for shared (backbone) parameters."""
+    """The task a parameter (or marked buffer) belongs to, or None for shared (backbone) ones."""
+    key = key.removeprefix(BUFFER_PREFIX)
     return key[len(HEAD_PREFIX) :].split(".", 1)[0] if key.startswith(HEAD_PREFIX) else None
 
 
-def trainable_state(model: nn.Module, tasks: Iterable[str] | None = None) -> dict[str, Tensor]:
-    """A detached copy of the trainable parameters: shared ones (backbone, or only its adapters when the backbone
-    is frozen) and the heads of `tasks` (all heads when None). This is what methods send; frozen pretrained
-    weights are known to both sides and never travel."""
+def is_buffer(key: str) -> bool:
+    return key.startswith(BUFFER_PREFIX)
+
+
+def state_keys(model: nn.Module, tasks: Iterable[str] | None = None) -> list[str]:
+    """The keys `trainable_state` returns, without copying anything."""
     wanted = None if tasks is None else set(tasks)
-    return {
-        key: p.detach().clone()
-        for key, p in model.named_parameters()
-        if p.requires_grad and ((task := task_of_key(key)) is None or wanted is None or task in wanted)
-    }
+
+    def kept(key: str) -> bool:
+        return (task := task_of_key(key)) is None or wanted is None or task in wanted
+
+    keys = [key for key, p in model.named_parameters() if p.requires_grad and kept(key)]
+    return keys + [BUFFER_PREFIX + key for key, _ in model.named_buffers() if kept(key)]
+
+
+def trainable_state(model: nn.Module, tasks: Iterable[str] | None = None) -> dict[str, Tensor]:
+    """A detached copy of what training changes: the trainable parameters, shared ones (backbone, or only its
+    adapters when the backbone is frozen) and the heads of `tasks` (all heads when None), then the buffers of the
+    same parts (BN running statistics) as `buffer/<name>`. This is what methods send and keep; frozen pretrained
+    weights are known to both sides and never travel."""
+    values = {**dict(model.named_parameters()), **{BUFFER_PREFIX + k: b for k, b in model.named_buffers()}}
+    return {key: values[key].detach().clone() for key in state_keys(model, tasks)}
+
+
+def load_state(model: nn.Module, state: Mapping[str, Tensor]) -> list[str]:
+    """Load parameters and marked buffers into `model` (keys it lacks are ignored, missing ones left as they
+    are); returns the keys the model does not have."""
+    plain = {key.removeprefix(BUFFER_PREFIX): value for key, value in state.items()}
+    return model.load_state_dict(plain, strict=False).unexpected_keys
 
 
 def build_model(

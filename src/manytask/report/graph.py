@@ -18,12 +18,10 @@ from matplotlib.lines import Line2D
 from sklearn.metrics import adjusted_rand_score
 
 from manytask.errors import ManytaskError
+from manytask.metric_names import COMMUNITIES, COMMUNITY_PREFIX, GRAPH_PREFIX
 from manytask.report.plots import new_figure, save_figure
 from manytask.report.runs import RunRecord
 
-COMMUNITIES = "communities"
-COMMUNITY_PREFIX = "community/"
-GRAPH_PREFIX = "graph/"
 FEDERATION = "federation.json"
 MARKERS = "os^Dv<>phP*X"  # one marker per true cluster
 LAYOUT_SEED = 0  # a fixed seed, so the same run always gives the same picture

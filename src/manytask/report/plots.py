@@ -14,6 +14,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from sklearn.cluster import AgglomerativeClustering
 from sklearn.metrics import adjusted_rand_score
 
+from manytask.metric_names import SIMILARITY_PREFIX
 from manytask.report.runs import (
     RunRecord,
     accuracy_curve,
@@ -180,8 +181,6 @@ def _merge_legends(axes: Axes, others: list[Axes]) -> None:
     if handles:
         axes.legend(handles, labels, fontsize="small")
 
-
-SIMILARITY_PREFIX = "similarity/"
 
 
 def _similarity_pairs(row: dict[str, Any]) -> dict[str, float]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from manytask.methods.base import CLIENT_VIEW_PREFIX
+from manytask.metric_names import CLIENT_VIEW_PREFIX
 from manytask.report.graph import community_summary, plot_client_graph
 from manytask.report.plots import (
     plot_accuracy_vs_bits,

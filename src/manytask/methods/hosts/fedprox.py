@@ -1,6 +1,5 @@
-"""FedProx (Li et al., 2020): FedAvg whose clients add the proximal term (μ/2)·‖w − w_global‖² to their loss.
-
-The server is FedAvg's; only the client's objective differs."""
+"""FedProx (Li et al., 2020, "Federated Optimization in Heterogeneous Networks"): FedAvg whose clients add the
+proximal term (μ/2)·‖w − w_global‖² to their loss. The server is FedAvg's."""
 
 from __future__ import annotations
 
@@ -8,12 +7,13 @@ from collections.abc import Mapping
 
 import torch
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
-from manytask.client.trainer import TrainHook
-from manytask.methods.base import MethodDef
-from manytask.methods.fedavg import FedAvgParams, GlobalModelClient, GlobalModelServer
-from manytask.methods.registry import register_method
+from manytask.client.trainer import StepContext, TrainHook
+from manytask.methods.base import ClientContext, MethodDef
+from manytask.methods.hosts.base import TrainedCopy
+from manytask.methods.hosts.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
+from manytask.methods.registry import HOST, register_method
 
 
 class FedProxParams(FedAvgParams):
@@ -29,25 +29,25 @@ def proximal_term(params: Mapping[str, Tensor], anchor: Mapping[str, Tensor], mu
 
 
 class ProximalHook(TrainHook):
+    """(μ/2)·‖θ − θ_anchor‖² over the model's parameters that the anchor holds."""
+
     def __init__(self, anchor: Mapping[str, Tensor], mu: float) -> None:
         self.anchor = {k: v.detach().clone() for k, v in anchor.items()}
         self.mu = mu
 
-    def extra_loss(self, model: nn.Module) -> Tensor | None:
+    def loss(self, step: StepContext) -> Tensor | None:
         if self.mu == 0:
             return None
-        params = dict(model.named_parameters())
+        params = dict(step.model.named_parameters())
         return proximal_term(params, {k: v for k, v in self.anchor.items() if k in params}, self.mu)
 
 
-class FedProxClient(GlobalModelClient):
-    def hooks(self, received: Mapping[str, Tensor]) -> list[TrainHook]:
-        return [ProximalHook(received, self.params.mu)]
+class FedProxClient(FedAvgClient):
+    def hooks(self, ctx: ClientContext, copy: TrainedCopy) -> list[TrainHook]:
+        return [ProximalHook(copy.received, self.params.mu)]
 
 
 register_method(
-    "fedprox",
-    MethodDef(FedProxClient, GlobalModelServer),
-    FedProxParams,
+    "fedprox", MethodDef(FedProxClient, FedAvgServer, family=HOST), FedProxParams,
     "FedProx: FedAvg with a client proximal term μ/2‖w − w_global‖²",
 )

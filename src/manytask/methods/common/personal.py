@@ -9,16 +9,14 @@ and FedU papers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
-from manytask.client.trainer import TaskData
 from manytask.errors import ManytaskError
 from manytask.messages import Message
 from manytask.methods.base import ServerProgram, Setup
-from manytask.methods.fedavg import LOSS_PREFIX, SIZE_PREFIX
-from manytask.models.multitask import MultiTaskModel
+from manytask.models.multitask import MultiTaskModel, load_state
 from manytask.registry import Params
 
 PENDING = "pending/"
@@ -39,17 +37,18 @@ def personal_model(setup: Setup, *layers: Mapping[str, Tensor]) -> MultiTaskMode
     for layer in layers:
         merged.update(layer)
     model = setup.build_model()
-    unexpected = model.load_state_dict(merged, strict=False).unexpected_keys
+    unexpected = load_state(model, merged)
     if unexpected:
         raise KeyError(f"not parameters of the model: {sorted(unexpected)}")
     return model
 
 
-def fit_scalars(data: TaskData, losses: Mapping[str, float]) -> dict[str, float]:
-    """The scalars a client reports after training: its sample count and mean training loss per task."""
-    scalars: dict[str, float] = {SIZE_PREFIX + task: len(y) for task, (_, y) in data.items()}
-    scalars.update({LOSS_PREFIX + task: loss for task, loss in losses.items()})
-    return scalars
+def graph_steps(setup: Setup, round_index: int, clients: Sequence[int]) -> list[float]:
+    """The server step η_g = client lr × local epochs of each client (SFMTL-Graph spec step 6; FedU), where the
+    epochs are those the client's training amounts to: `local_epochs`, or `local_steps` over one epoch's steps
+    of that client (`Trainer.epochs_for`)."""
+    lr, trainer = setup.train.lr_at(round_index, setup.rounds), setup.trainer()
+    return [lr * trainer.epochs_for(setup.holdings[c]) for c in clients]
 
 
 class PerClientPayloadServer(ServerProgram):

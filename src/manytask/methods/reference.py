@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, ServerProgram
-from manytask.methods.registry import register_method
-from manytask.models.multitask import MultiTaskModel, trainable_state
+from manytask.methods.registry import REFERENCE, register_method
+from manytask.models.multitask import MultiTaskModel, load_state, trainable_state
 
 
 class PrivateModelClient(ClientProgram):
@@ -27,7 +27,7 @@ class PrivateModelClient(ClientProgram):
         """The client's model: the shared initial model before its first round, its own weights after."""
         model = self.setup.build_model()
         if ctx.state:
-            model.load_state_dict(ctx.state, strict=False)
+            load_state(model, ctx.state)
         return model
 
 
@@ -42,14 +42,14 @@ class SilentServer(ServerProgram):
 
 
 register_method(
-    "local", MethodDef(PrivateModelClient, SilentServer),
+    "local", MethodDef(PrivateModelClient, SilentServer, family=REFERENCE),
     description="Local: every client trains its own model on its own data, no communication",
 )
 register_method(
-    "centralized", MethodDef(PrivateModelClient, SilentServer, pooled=True),
+    "centralized", MethodDef(PrivateModelClient, SilentServer, pooled=True, family=REFERENCE),
     description="Centralized: one model per task trained on all of the task's data (the reference)",
 )
 register_method(
-    "individual", MethodDef(PrivateModelClient, SilentServer, pooled=True),
+    "individual", MethodDef(PrivateModelClient, SilentServer, pooled=True, family=REFERENCE),
     description="Individual (MaTU's normalizer): centralized per-task fine-tuning; same program as centralized",
 )

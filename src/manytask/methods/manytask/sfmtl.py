@@ -14,16 +14,17 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
-from manytask.client.trainer import TrainHook
+from manytask.client.trainer import StepContext, TrainHook
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
-from manytask.methods.fedavg import LOSS_PREFIX, SIZE_PREFIX, task_sizes
-from manytask.methods.laplacian import laplacian_step
-from manytask.methods.personal import PerClientPayloadServer, only_task, personal_model
-from manytask.methods.registry import register_method
-from manytask.methods.sfmtl_math import communities, community_anchors, similarity_graph
+from manytask.methods.common.laplacian import laplacian_step
+from manytask.methods.common.personal import PerClientPayloadServer, graph_steps, only_task, personal_model
+from manytask.methods.common.wire import LOSS_PREFIX, SIZE_PREFIX, task_sizes
+from manytask.methods.manytask.sfmtl_math import communities, community_anchors, similarity_graph
+from manytask.methods.registry import MANY_TASK, register_method
+from manytask.metric_names import COMMUNITIES, community_key, graph_key
 from manytask.models.multitask import MultiTaskModel, head_prefix, trainable_state
 from manytask.registry import Params
 from manytask.seeding import derive_seed, torch_generator
@@ -44,15 +45,20 @@ class SfmtlParams(Params):
 class AnchorHook(TrainHook):
     """λ_a · (1/C) Σ_c mean_{n: y_n = c} ‖f(x_n) − a[c]‖² / k per batch (the paper's mean squared error, so also
     averaged over the k feature dimensions: λ_a does not grow with the feature width); then, per class in the batch,
-    a[c] ← m·a[c] + (1 − m)·mean f(x)|y=c."""
+    a[c] ← m·a[c] + (1 − m)·mean f(x)|y=c. The features f(x) are those of the step's forward pass."""
 
     def __init__(self, anchors: Tensor, weight: float, momentum: float) -> None:
         self.anchors = anchors
         self.weight = weight
         self.momentum = momentum
 
-    def batch_loss(self, model: nn.Module, task: str, x: Tensor, y: Tensor) -> Tensor | None:
-        features = model.backbone(x)
+    def loss(self, step: StepContext) -> Tensor | None:
+        total = torch.zeros(())
+        for task, (_, y) in step.batches.items():
+            total = total + self.batch_loss(step.features[task], y)
+        return total
+
+    def batch_loss(self, features: Tensor, y: Tensor) -> Tensor:
         classes = y.unique()
         loss = torch.zeros(())
         for c in classes:
@@ -112,24 +118,23 @@ class SfmtlServer(PerClientPayloadServer):
         weights = similarity_graph(heads, anchors, labels, self.params.alpha)
         groups = communities(weights, derive_seed(self.setup.seed, "louvain", round_index), self.params.resolution)
         sizes = [task_sizes(m)[t] for m, t in zip(messages, tasks, strict=True)]
-        step = self.setup.train.lr_at(round_index, self.setup.rounds) * self.setup.train.local_epochs
-        new_heads = laplacian_step([{"weight": w, "bias": b} for w, b in heads], weights, groups, step,
-                                   self.params.lam)
+        new_heads = laplacian_step([{"weight": w, "bias": b} for w, b in heads], weights, groups,
+                                   graph_steps(self.setup, round_index, clients), self.params.lam)
         log: dict[str, float] = {}
         for number, group in enumerate(groups):
             anchor = community_anchors(anchors, sizes, group)
             for i in group:
                 prefix = head_prefix(tasks[i])
                 self.pending[clients[i]] = {prefix + k: v for k, v in new_heads[i].items()} | {ANCHORS: anchor}
-                log[f"community/{clients[i]}"] = float(number)
-        log["communities"] = float(len(groups))
+                log[community_key(clients[i])] = float(number)
+        log[COMMUNITIES] = float(len(groups))
         log.update(_edge_log(clients, weights))
         return log
 
 
 def _edge_log(clients: list[int], weights: Tensor) -> dict[str, float]:
     """The graph's positive edges as `graph/<client>/<client>` scalars (smaller id first), for the graph plot."""
-    return {f"graph/{a}/{b}": float(weights[i, j]) for i, a in enumerate(clients) for j, b in enumerate(clients)
+    return {graph_key(a, b): float(weights[i, j]) for i, a in enumerate(clients) for j, b in enumerate(clients)
             if i < j and weights[i, j] > 0}
 
 
@@ -139,6 +144,6 @@ def _head(message: Message, task: str) -> tuple[Tensor, Tensor]:
 
 
 register_method(
-    NAME, MethodDef(SfmtlClient, SfmtlServer), SfmtlParams,
+    NAME, MethodDef(SfmtlClient, SfmtlServer, family=MANY_TASK), SfmtlParams,
     "SFMTL-Graph: personal backbones; heads + feature anchors shared inside Louvain communities of a client graph",
 )

@@ -25,13 +25,11 @@ from torch import Tensor, nn
 from manytask.client.trainer import TaskData, shuffled_batches
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Metrics, Setup
-from manytask.methods.fedavg import GlobalModelServer, check_shared_head
-from manytask.methods.personal import (
-    fit_scalars,
-    only_task,
-    personal_model,
-)
-from manytask.methods.registry import register_method
+from manytask.methods.common.personal import only_task, personal_model
+from manytask.methods.common.updates import Update
+from manytask.methods.common.wire import fit_scalars
+from manytask.methods.hosts.base import HostServer, check_shared_head
+from manytask.methods.registry import PERSONALIZED, register_method
 from manytask.models.multitask import MultiTaskModel, to_role, to_task, trainable_state
 from manytask.registry import Params
 from manytask.tasks.task import TaskSpec
@@ -120,7 +118,7 @@ class PfedmeClient(ClientProgram):
         return personal_model(self.setup, to_task(self.start, task), ctx.state)
 
 
-class PfedmeServer(GlobalModelServer):
+class PfedmeServer(HostServer):
     """FedAvg's server over role-form models (role keys name no task, so every parameter is weighted by the
     client's sample count), then the β step. Clients evaluate their own θ."""
 
@@ -128,19 +126,20 @@ class PfedmeServer(GlobalModelServer):
         check_shared_head(self.setup, NAME)
         return self.setup.common_start()
 
-    def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
-        if all(reply is None for reply in replies.values()):
-            return {}
+    def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
         previous = dict(self.global_state)
-        log = super().aggregate_fit(round_index, replies)
+        log = super().aggregate_updates(round_index, updates)
         self.global_state = server_beta_average(previous, self.global_state, self.params.beta)
         return log
 
     def evaluate(self, test: TaskData) -> Metrics | None:
         return None
 
+    def configure_evaluate(self, clients: list[int]) -> dict[int, Message | None]:
+        return dict.fromkeys(clients)  # a client evaluates θ from its own state
+
 
 register_method(
-    NAME, MethodDef(PfedmeClient, PfedmeServer), PfedmeParams,
+    NAME, MethodDef(PfedmeClient, PfedmeServer, family=PERSONALIZED), PfedmeParams,
     "pFedMe: personalized models θ via Moreau envelopes around a β-averaged global model",
 )

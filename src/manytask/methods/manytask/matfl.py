@@ -1,7 +1,8 @@
 """MaT-FL (Cai et al., 2023): many-task FL by grouping clients. Each round the server compares the clients'
 updates of the shared parameters by cosine similarity, groups clients whose updates agree (average-linkage
 agglomerative clustering with a similarity threshold), and aggregates inside each group only. Every client keeps
-its own model on the server, so evaluation is per client: each holder's model on its task's test set."""
+its own model on the server, so evaluation is per client: each holder's model on its task's test set. Clients are
+the hosts' (`HostClient`): they train what they are sent."""
 
 from __future__ import annotations
 
@@ -16,21 +17,16 @@ from torch import Tensor
 from manytask.client.trainer import TaskData, evaluate
 from manytask.messages import Message
 from manytask.methods.base import MethodDef, Metrics, ServerProgram, Setup
-from manytask.methods.fedavg import (
-    FedAvgParams,
-    GlobalModelClient,
-    fedavg_weights,
-    mean_train_losses,
-    task_sizes,
-    weighted_average,
-)
-from manytask.methods.registry import register_method
-from manytask.models.multitask import task_of_key, trainable_state
+from manytask.methods.common.aggregation import fedavg_weights, weighted_average
+from manytask.methods.common.wire import mean_train_losses, task_sizes
+from manytask.methods.hosts.base import HostClient, HostParams
+from manytask.methods.registry import MANY_TASK, register_method
+from manytask.models.multitask import load_state, task_of_key, trainable_state
 
 CLIENT_PREFIX = "client/"
 
 
-class MatflParams(FedAvgParams):
+class MatflParams(HostParams):
     threshold: float = Field(default=0.5, ge=-1, le=1, description="cosine similarity that joins clients")
 
 
@@ -91,7 +87,7 @@ class MatflServer(ServerProgram):
         per_task: dict[str, list[dict[str, float]]] = {}
         for client, state in self.models.items():
             model = self.setup.build_model()
-            model.load_state_dict(state, strict=False)
+            load_state(model, state)
             for task in self.setup.holdings[client]:
                 per_task.setdefault(task, []).append(evaluate(model, self.setup.specs[task], *test[task]))
         return {t: {m: sum(r[m] for r in rows) / len(rows) for m in rows[0]} for t, rows in per_task.items()}
@@ -108,6 +104,6 @@ class MatflServer(ServerProgram):
 
 
 register_method(
-    "matfl", MethodDef(GlobalModelClient, MatflServer), MatflParams,
+    "matfl", MethodDef(HostClient, MatflServer, family=MANY_TASK), MatflParams,
     "MaT-FL: clients grouped by cosine similarity of their updates, aggregation inside groups",
 )

@@ -5,7 +5,8 @@ Regularization"), the SFMTL-Graph paper's federated multi-task baseline (spec: s
 Every client keeps its whole model (backbone + head) in client state, trains it locally with the run's trainer and
 uploads it. The server takes one graph-Laplacian step over all participating pairs (`laplacian.laplacian_step`),
     w_k ← w_k − η_g·λ·Σ_{l ∈ S, l ≠ k} a_kl (w_k − w_l),   η_g = lr·E (local epochs), λ = 0.03,
-with a FIXED similarity graph: complete, unit weights a_kl = 1 (no similarity is learned, unlike SFMTL-Graph).
+with a FIXED similarity graph: complete, unit weights a_kl = 1 (no similarity is learned, unlike SFMTL-Graph), and
+η_g per client from the epochs it trained (`common.personal.graph_steps`).
 Each participant gets its updated model the next time it is sampled, and evaluates it meanwhile. Whole models are
 compared across clients, so they travel in role form (`models.multitask.to_role`): one task per client, equal heads.
 """
@@ -20,15 +21,11 @@ from torch import Tensor
 
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
-from manytask.methods.fedavg import check_shared_head, mean_train_losses
-from manytask.methods.laplacian import laplacian_step
-from manytask.methods.personal import (
-    PerClientPayloadServer,
-    fit_scalars,
-    only_task,
-    personal_model,
-)
-from manytask.methods.registry import register_method
+from manytask.methods.common.laplacian import laplacian_step
+from manytask.methods.common.personal import PerClientPayloadServer, graph_steps, only_task, personal_model
+from manytask.methods.common.wire import fit_scalars, mean_train_losses
+from manytask.methods.hosts.base import check_shared_head
+from manytask.methods.registry import PERSONALIZED, register_method
 from manytask.models.multitask import MultiTaskModel, to_role, to_task, trainable_state
 from manytask.registry import Params
 
@@ -73,14 +70,14 @@ class FeduServer(PerClientPayloadServer):
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         received = {c: reply for c, reply in replies.items() if reply is not None}
         clients, messages = list(received), list(received.values())
-        step = self.setup.train.lr_at(round_index, self.setup.rounds) * self.setup.train.local_epochs
         models = laplacian_step([m.tensors() for m in messages], complete_graph(len(clients)),
-                                [list(range(len(clients)))], step, self.params.lam)
+                                [list(range(len(clients)))], graph_steps(self.setup, round_index, clients),
+                                self.params.lam)
         self.pending.update(zip(clients, models, strict=True))
         return mean_train_losses(messages)
 
 
 register_method(
-    NAME, MethodDef(FeduClient, FeduServer), FeduParams,
+    NAME, MethodDef(FeduClient, FeduServer, family=PERSONALIZED), FeduParams,
     "FedU: personal whole models pulled together by a Laplacian step over a fixed complete client graph",
 )

@@ -19,17 +19,10 @@ from torch import Tensor
 
 from manytask.client.trainer import TaskData, evaluate
 from manytask.messages import Message
-from manytask.methods.base import (
-    CLIENT_VIEW_PREFIX,
-    ClientContext,
-    ClientProgram,
-    MethodDef,
-    Metrics,
-    ServerProgram,
-    Setup,
-)
-from manytask.methods.fedavg import LOSS_PREFIX, SIZE_PREFIX, fedavg_weights, task_sizes, weighted_average
-from manytask.methods.matu_math import (
+from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Metrics, ServerProgram, Setup
+from manytask.methods.common.aggregation import fedavg_weights, weighted_average
+from manytask.methods.common.wire import LOSS_PREFIX, SIZE_PREFIX, task_sizes
+from manytask.methods.manytask.matu_math import (
     DEFAULT_EPS,
     DEFAULT_KAPPA,
     DEFAULT_RHO,
@@ -38,9 +31,10 @@ from manytask.methods.matu_math import (
     task_similarity,
     unify,
 )
-from manytask.methods.registry import register_method
+from manytask.methods.registry import MANY_TASK, register_method
+from manytask.metric_names import CLIENT_VIEW_PREFIX, similarity_key
 from manytask.models import ParamSpace
-from manytask.models.multitask import MultiTaskModel, head_prefix, task_of_key, trainable_state
+from manytask.models.multitask import MultiTaskModel, head_prefix, load_state, task_of_key, trainable_state
 from manytask.registry import Params
 from manytask.seeding import derive_seed
 
@@ -75,7 +69,7 @@ class TaskVectorSpace:
         """θ_p + τ in the adapters, plus the given heads."""
         model = setup.build_model()
         self.space.assign(model, self.initial + vector)
-        model.load_state_dict(dict(heads), strict=False)
+        load_state(model, heads)
         return model
 
     def vector_of(self, model: MultiTaskModel) -> Tensor:
@@ -178,7 +172,7 @@ class MatuServer(ServerProgram):
         """S(t, t') between the current task vectors (eq. 5), flattened for metrics.jsonl (paper Fig. 2)."""
         tasks = list(self.vectors)
         similarity = task_similarity(torch.stack([self.vectors[t] for t in tasks]))
-        return {f"similarity/{a}/{b}": float(similarity[i, j]) for i, a in enumerate(tasks)
+        return {similarity_key(a, b): float(similarity[i, j]) for i, a in enumerate(tasks)
                 for j, b in enumerate(tasks)}
 
     def evaluate(self, test: TaskData) -> Metrics:
@@ -213,6 +207,6 @@ class MatuServer(ServerProgram):
 
 
 register_method(
-    "matu", MethodDef(MatuClient, MatuServer), MatuParams,
+    "matu", MethodDef(MatuClient, MatuServer, family=MANY_TASK), MatuParams,
     "MaTU: unified task vectors with per-task bit masks and rescalers; one vector per task on the server",
 )

@@ -1,0 +1,47 @@
+"""Aggregation math shared by the hosts and the many-task methods: FedAvg's per-parameter weights and the weighted
+average over the updates that contain a parameter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from manytask.models.multitask import task_of_key
+
+Weight = float | Tensor  # a scalar per parameter, or a tensor that broadcasts against it (one weight per entry)
+
+
+def fedavg_weights(keys: Sequence[str], task_sizes: Mapping[str, int]) -> dict[str, float]:
+    """A client's aggregation weight per parameter (McMahan et al., 2017, with task heads): its task's size
+    |D_n^t| for a head of task t, its total size Σ_t |D_n^t| otherwise."""
+    total = float(sum(task_sizes.values()))
+    return {k: float(task_sizes[t]) if (t := task_of_key(k)) is not None else total for k in keys}
+
+
+def weighted_average(
+    updates: Sequence[Mapping[str, Tensor]], weights: Sequence[Mapping[str, Weight]]
+) -> dict[str, Tensor]:
+    """θ_k = Σ_n w_{n,k} θ_{n,k} / Σ_n w_{n,k} for every key k, over the updates that contain k (so weights are
+    renormalized per key, and per entry when a weight is a tensor). Sums run in float64, in the order given:
+    callers pass updates sorted by client id for reproducible sums. A key whose weights sum to zero is left out;
+    per-entry weights must sum to more than zero at every entry."""
+    sums: dict[str, Tensor] = {}
+    totals: dict[str, Weight] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for update, weight in zip(updates, weights, strict=True):
+        for key, value in update.items():
+            w = weight[key]
+            sums[key] = sums[key] + w * value.double() if key in sums else w * value.double()
+            totals[key] = totals.get(key, 0.0) + w
+            dtypes[key] = value.dtype
+    return {k: (sums[k] / totals[k]).to(dtypes[k]) for k in sums if _positive(k, totals[k])}
+
+
+def _positive(key: str, total: Weight) -> bool:
+    if not isinstance(total, Tensor) or total.dim() == 0:
+        return bool(total > 0)
+    if not bool((total > 0).all()):
+        raise ValueError(f"per-entry weights of '{key}' sum to zero at some entries")
+    return True

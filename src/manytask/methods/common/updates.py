@@ -1,0 +1,147 @@
+"""The update convention: which arrays of a reply are trained versions of which arrays the server sent, their
+deltas, and the sparse codecs that carry deltas cheaply.
+
+- Parameters travel under their model state-dict names in both directions; buffers (BN running statistics) under
+  `buffer/<state-dict name>` (`models.multitask.BUFFER_PREFIX`), so aggregators and plug-ins can tell them apart.
+- A `per_task` reply holds one trained copy of the shared part per held task, as `copy/<task>/<name>`, plus the
+  task's own head under its plain name. `reference_key` maps any reply key to the key it was sent under, and
+  `copy_groups` splits a reply into its copies.
+- Role form (`head.*`, one-task clients sharing one head) uses the same role names both ways.
+So a wrapper sees (reference, trained) pairs for every parameter without knowing which host produced them.
+
+Sparse codecs, per array `name` (the encoder picks the cheaper on the wire; booleans travel as packed bits):
+- bitmap: `sparse/<name>/mask` (bool, the array's shape) + `sparse/<name>/values` (the kept entries, row-major);
+- indices: `sparse/<name>/index` (int32 flat positions) + `sparse/<name>/values`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from manytask.models.multitask import is_buffer, task_of_key
+
+COPY_PREFIX = "copy/"
+SPARSE_PREFIX = "sparse/"
+MASK, INDEX, VALUES = "mask", "index", "values"
+
+
+def copy_key(task: str, key: str) -> str:
+    """The reply key of a shared entry in `task`'s per-task copy."""
+    return f"{COPY_PREFIX}{task}/{key}"
+
+
+def reference_key(key: str) -> str:
+    """The key a reply entry was sent under: `copy/<task>/<name>` -> `<name>`, anything else unchanged."""
+    if key.startswith(COPY_PREFIX):
+        return key[len(COPY_PREFIX) :].split("/", 1)[1]
+    return key
+
+
+def copy_groups(keys: Iterable[str]) -> dict[str | None, list[str]]:
+    """Reply keys grouped by the trained copy they belong to, copies sorted by task: {None: all keys} for a joint
+    reply; for a `per_task` reply, each task's `copy/<task>/…` keys followed by that task's head keys."""
+    keys = list(keys)
+    tasks = sorted({k[len(COPY_PREFIX) :].split("/", 1)[0] for k in keys if k.startswith(COPY_PREFIX)})
+    if not tasks:
+        return {None: keys}
+    groups: dict[str | None, list[str]] = {task: [] for task in tasks}
+    for task in tasks:
+        prefix = f"{COPY_PREFIX}{task}/"
+        groups[task] += [k for k in keys if k.startswith(prefix)]
+        groups[task] += [k for k in keys if not k.startswith(COPY_PREFIX) and task_of_key(k) == task]
+    return groups
+
+
+def is_parameter(key: str, value: Tensor) -> bool:
+    """A floating-point parameter (not a buffer): what deltas, masks and projections apply to."""
+    return value.is_floating_point() and not is_buffer(reference_key(key))
+
+
+def delta(sent: Mapping[str, Tensor], reply: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """trained − reference for every parameter of `reply` that was sent (keys as in the reply)."""
+    return {k: v - sent[reference_key(k)] for k, v in reply.items() if reference_key(k) in sent and is_parameter(k, v)}
+
+
+def apply(state: Mapping[str, Tensor], deltas: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """reference + delta for every delta (keys as in `deltas`; the reference is found through `reference_key`)."""
+    out = {}
+    for key, change in deltas.items():
+        reference = state[reference_key(key)]
+        out[key] = (reference + change).to(reference.dtype)
+    return out
+
+
+@dataclass
+class Update:
+    """One trained copy of the model that a client uploaded, against what the server sent it. Keys are the
+    reference (sent) keys; `weights` are the aggregation weight of every key, a float or a tensor of per-entry
+    weights, which plug-ins may change before the host aggregates."""
+
+    client: int
+    sizes: dict[str, int]  # task -> |D_n^t| of the tasks this copy trained
+    reference: dict[str, Tensor]
+    trained: dict[str, Tensor]
+    weights: dict[str, float | Tensor]
+    scalars: dict[str, object] = field(default_factory=dict)  # the reply's scalars
+    copy: str | None = None  # the task of a per-task copy; None for a joint one
+
+    def deltas(self) -> dict[str, Tensor]:
+        """trained − reference for every parameter (buffers and integers left out)."""
+        return delta(self.reference, self.trained)
+
+    def with_deltas(self, deltas: Mapping[str, Tensor]) -> Update:
+        """A copy whose parameters in `deltas` are reference + delta (the others unchanged)."""
+        trained = {**self.trained, **apply(self.reference, deltas)}
+        return Update(self.client, self.sizes, self.reference, trained, dict(self.weights), self.scalars, self.copy)
+
+
+def _bitmap_is_cheaper(numel: int, kept: int) -> bool:
+    return math.ceil(numel / 8) <= 4 * kept  # packed mask bytes vs int32 index bytes; values cost the same
+
+
+def encode_sparse(name: str, dense: Tensor) -> dict[str, Tensor]:
+    """The nonzero entries of `dense` as wire arrays under `sparse/<name>/…`, bitmap or indices, whichever is
+    smaller."""
+    flat = dense.reshape(-1)
+    positions = flat.nonzero().flatten()
+    prefix = f"{SPARSE_PREFIX}{name}/"
+    if _bitmap_is_cheaper(flat.numel(), len(positions)):
+        return {prefix + MASK: dense != 0, prefix + VALUES: flat[positions]}
+    return {prefix + INDEX: positions.to(torch.int32), prefix + VALUES: flat[positions]}
+
+
+def sparse_names(arrays: Iterable[str]) -> list[str]:
+    """The names carried sparsely in a message's arrays, in order."""
+    names = [a[len(SPARSE_PREFIX) :].rsplit("/", 1)[0] for a in arrays if a.startswith(SPARSE_PREFIX)]
+    return list(dict.fromkeys(names))
+
+
+def decode_sparse(arrays: Mapping[str, Tensor], name: str, shape: torch.Size) -> Tensor:
+    """Inverse of `encode_sparse`: the dense tensor of `shape` (zeros where nothing was sent)."""
+    prefix = f"{SPARSE_PREFIX}{name}/"
+    values = arrays[prefix + VALUES]
+    dense = torch.zeros(math.prod(shape), dtype=values.dtype)
+    if prefix + MASK in arrays:
+        mask = arrays[prefix + MASK]
+        if tuple(mask.shape) != tuple(shape):
+            raise ValueError(f"sparse '{name}': mask of shape {tuple(mask.shape)}, expected {tuple(shape)}")
+        positions = mask.reshape(-1).nonzero().flatten()
+    else:
+        positions = arrays[prefix + INDEX].long()
+    if len(positions) != len(values) or (len(positions) and (positions.min() < 0 or positions.max() >= len(dense))):
+        raise ValueError(f"sparse '{name}': {len(values)} values for {len(positions)} positions, or out of range")
+    dense[positions] = values
+    return dense.reshape(shape)
+
+
+def densify(arrays: Mapping[str, Tensor], sent: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A reply's arrays with every sparsely sent delta replaced by reference + delta (dense arrays unchanged)."""
+    names = sparse_names(arrays)
+    dense = {k: v for k, v in arrays.items() if not k.startswith(SPARSE_PREFIX)}
+    deltas = {n: decode_sparse(arrays, n, sent[reference_key(n)].shape) for n in names}
+    return {**dense, **apply(sent, deltas)}

@@ -1,0 +1,282 @@
+"""What every host optimizer shares: a server that keeps one global model and aggregates (reference, trained)
+updates, and a client that trains what it was sent with the one `Trainer`.
+
+A host differs from FedAvg in a few overridable places, never in the loop:
+- client: `build_model` (e.g. a linearized model, a projection head), `local_keys` (parameters that stay on the
+  client, FedPer/FedBN), `hooks` and `optimizer` (its local objective), `finish` (client state after training,
+  extra scalars);
+- server: `payload_for` (e.g. a lookahead model), `update_weights` (aggregation weights per parameter),
+  `aggregate_updates` (its server rule), and named extra server state in `self.parts`.
+Plug-ins wrap any host through `aggregate_replies` (they see and may change the `Update`s before the host's rule
+runs) and through the client's reply (methods/plugins/base.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pydantic import Field
+from torch import Tensor, nn
+
+from manytask.client.optimizers import OptimizerFactory
+from manytask.client.trainer import TaskData, TrainHook, evaluate
+from manytask.errors import ManytaskError
+from manytask.messages import Message
+from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
+from manytask.methods.common.aggregation import fedavg_weights, weighted_average
+from manytask.methods.common.updates import Update, copy_groups, copy_key, reference_key
+from manytask.methods.common.wire import LOSS_PREFIX, fit_scalars, mean_train_losses, task_sizes
+from manytask.models.multitask import (
+    ROLE_HEAD_PREFIX,
+    MultiTaskModel,
+    load_state,
+    state_keys,
+    task_of_key,
+    to_role,
+    to_task,
+    trainable_state,
+)
+from manytask.registry import Params
+from manytask.seeding import derive_seed
+
+PART_PREFIX = "part/"  # server state beyond the global model: part/<name>/<key>
+Adjust = Callable[[int, list[Update]], list[Update]]
+
+
+class HostParams(Params):
+    per_task: bool = Field(default=False, description="train and upload one copy of the shared part per held task")
+    shared_head: bool = Field(
+        default=False, description="one-task clients over one label space share ONE head (one global model)"
+    )
+
+
+def check_shared_head(setup: Setup, who: str = "shared_head") -> None:
+    """One head shared by every client (whole models compared or averaged across clients) needs one task per
+    client and one head shape for every task."""
+    for client, tasks in setup.holdings.items():
+        if len(tasks) != 1:
+            raise ManytaskError(f"{who} needs one task per client; client {client} holds {len(tasks)}.")
+    outputs = sorted({spec.num_outputs for spec in setup.specs.values()})
+    if len(outputs) > 1:
+        raise ManytaskError(f"{who} needs every task to have the same number of outputs; got {outputs}.")
+
+
+@dataclass
+class TrainedCopy:
+    """One model a client trains in a round: on all its tasks (joint), or on one task (`per_task`)."""
+
+    name: str | None  # the task of a per-task copy; None for the joint copy
+    tasks: list[str]
+    model: MultiTaskModel  # holds the parameters
+    module: nn.Module  # what is trained and evaluated (the model, or a wrapper of it)
+    received: dict[str, Tensor]  # what the server sent, in task form
+    seed: int
+
+    @property
+    def state_prefix(self) -> str:
+        """Where this copy's own client state lives inside the client's state dict."""
+        return "" if self.name is None else f"{self.name}/"
+
+
+class HostModel:
+    """How a host builds the model it trains; client and server share it so both hold the same parameters."""
+
+    setup: Setup
+
+    def build_model(self) -> tuple[MultiTaskModel, nn.Module]:
+        """(the model that holds the parameters, the module that is trained and evaluated), before any state is
+        loaded (a linearization is captured at the initial point)."""
+        model = self.setup.build_model()
+        return model, model
+
+    def local_keys(self, keys: Sequence[str]) -> set[str]:
+        """Of a model's state keys (`state_keys`, in model order), those that stay on the clients and never
+        travel (none for FedAvg)."""
+        return set()
+
+
+class HostClient(HostModel, ClientProgram[HostParams]):
+    """Loads the received parameters, trains, uploads the trained parameters and buffers + sizes and losses.
+
+    Joint (default): one model trained on all held tasks at once. `per_task`: one copy per held task, each trained
+    on that task alone and uploaded as `copy/<task>/<name>` (the MaTU paper's FedAvg baseline)."""
+
+    def hooks(self, ctx: ClientContext, copy: TrainedCopy) -> list[TrainHook]:
+        """Training hooks of the host's local objective (none for FedAvg)."""
+        return []
+
+    def optimizer(self, ctx: ClientContext, copy: TrainedCopy) -> OptimizerFactory | None:
+        """The optimizer factory (None: the run's train config)."""
+        return None
+
+    def finish(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, float]:
+        """After training a copy: update client state; return extra scalars to upload."""
+        return {}
+
+    def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
+        assert payload is not None, "host clients always receive the global model"
+        received = self.received(ctx, payload)
+        tensors: dict[str, Tensor] = {}
+        scalars = fit_scalars(ctx.data, {})
+        for copy in self.copies(ctx, received):
+            report = self.setup.trainer().train(
+                copy.module, {t: ctx.data[t] for t in copy.tasks}, copy.seed, ctx.round_index, self.setup.rounds,
+                hooks=self.hooks(ctx, copy), optimizer=self.optimizer(ctx, copy),
+            )
+            scalars.update({LOSS_PREFIX + t: loss for t, loss in report.mean_loss.items()})
+            scalars.update(self.finish(ctx, copy))
+            tensors.update(self.upload(ctx, copy))
+        return Message.from_tensors(to_role(tensors, *ctx.data) if self.params.shared_head else tensors,
+                                    scalars=scalars)
+
+    def received(self, ctx: ClientContext, payload: Message | None) -> dict[str, Tensor]:
+        """What the server sent, in task form."""
+        tensors = {} if payload is None else payload.tensors()
+        return to_task(tensors, *ctx.data) if self.params.shared_head else tensors
+
+    def copies(self, ctx: ClientContext, received: dict[str, Tensor]) -> list[TrainedCopy]:
+        groups = [[t] for t in ctx.data] if self.params.per_task else [list(ctx.data)]
+        return [self.start(ctx, received, tasks) for tasks in groups]
+
+    def start(self, ctx: ClientContext, received: dict[str, Tensor], tasks: list[str]) -> TrainedCopy:
+        """A copy built from what was sent, with the client's local parameters (if any) over it."""
+        model, module = self.build_model()
+        name = tasks[0] if self.params.per_task else None
+        seed = derive_seed(ctx.seed, *tasks) if self.params.per_task else ctx.seed
+        copy = TrainedCopy(name, tasks, model, module, received, seed)
+        load_state(model, received)
+        load_state(model, self.local_state(ctx, copy))
+        return copy
+
+    def local_state(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, Tensor]:
+        """The copy's local parameters kept in client state (empty before its first round)."""
+        prefix = copy.state_prefix
+        keys = self.local_keys(state_keys(copy.model))
+        return {k: ctx.state[prefix + k] for k in keys if prefix + k in ctx.state}
+
+    def upload(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, Tensor]:
+        """The trained copy's parameters and buffers, local ones kept in client state instead."""
+        state = trainable_state(copy.model, copy.tasks)
+        local = self.local_keys(list(state))
+        ctx.state.update({copy.state_prefix + k: state[k] for k in local})
+        shared = {k: v for k, v in state.items() if k not in local}
+        if copy.name is None:
+            return shared
+        return {k if task_of_key(k) is not None else copy_key(copy.name, k): v for k, v in shared.items()}
+
+    def evaluate(self, ctx: ClientContext, payload: Message | None, test: TaskData) -> Metrics:
+        """Client-side evaluation (hosts with local parameters): each task on its copy's model."""
+        received = self.received(ctx, payload)
+        modules: dict[str | None, nn.Module] = {}
+        metrics = {}
+        for task, (x, y) in test.items():
+            name = task if self.params.per_task else None
+            if name not in modules:
+                modules[name] = self.start(ctx, received, [task] if self.params.per_task else list(ctx.data)).module
+            metrics[task] = evaluate(modules[name], self.setup.specs[task], x, y)
+        return metrics
+
+
+class HostServer(HostModel, ServerProgram[HostParams]):
+    """Keeps one global model; sends each client the shared parameters and the heads of its tasks; aggregates the
+    replies' updates with FedAvg's weights (the host's rule may differ: `aggregate_updates`)."""
+
+    def __init__(self, setup: Setup, params: HostParams) -> None:
+        super().__init__(setup, params)
+        self.keeps_local = bool(self.local_keys(state_keys(self.build_model()[0])))  # then clients evaluate
+        self.global_state = self.initial_state()
+        self.parts: dict[str, dict[str, Tensor]] = {}  # named server state beyond the global model
+        self.sent: dict[int, dict[str, Tensor]] = {}  # this round's payloads: the references of the replies
+
+    def initial_state(self) -> dict[str, Tensor]:
+        """The global model before round 1; in role form (`Setup.common_start`) when every client shares one
+        head."""
+        if self.params.shared_head:
+            check_shared_head(self.setup)
+            return self.setup.common_start()
+        state = trainable_state(self.build_model()[0])
+        local = self.local_keys(list(state))
+        return {k: v for k, v in state.items() if k not in local}
+
+    def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
+        payloads = {c: self.payload_for(c) for c in clients}
+        self.sent = {c: p.tensors() for c, p in payloads.items()}
+        return payloads
+
+    def payload_for(self, client: int) -> Message:
+        tasks = set(self.setup.holdings[client])
+        return Message.from_tensors({k: v for k, v in self.global_state.items()
+                                     if task_of_key(k) is None or task_of_key(k) in tasks})
+
+    def update_weights(self, client: int, keys: list[str], sizes: dict[str, int]) -> dict[str, float | Tensor]:
+        """A copy's aggregation weight per parameter: FedAvg's (task size for a head, total size otherwise)."""
+        return fedavg_weights(keys, sizes)
+
+    def read_updates(self, replies: Mapping[int, Message]) -> list[Update]:
+        """Every trained copy in the replies (sorted by client, copies by task) against what its client was sent;
+        entries that were not sent are ignored."""
+        updates = []
+        for client, reply in replies.items():
+            tensors, sizes, sent = reply.tensors(), task_sizes(reply), self.sent[client]
+            for task, keys in copy_groups(tensors).items():
+                copy_sizes = sizes if task is None else {task: sizes[task]}
+                trained = {reference_key(k): tensors[k] for k in keys if reference_key(k) in sent}
+                weights = self.update_weights(client, list(trained), copy_sizes)
+                updates.append(Update(client, copy_sizes, {k: sent[k] for k in trained}, trained, weights,
+                                      dict(reply.scalars), task))
+        return updates
+
+    def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
+        return self.aggregate_replies(round_index, replies)
+
+    def aggregate_replies(
+        self, round_index: int, replies: Mapping[int, Message | None], adjust: Adjust | None = None
+    ) -> dict[str, float]:
+        """Read the replies' updates, let `adjust` (a plug-in) change them, run the host's rule; log the clients'
+        training losses and whatever the rule logs."""
+        received = {c: r for c, r in replies.items() if r is not None}
+        if not received:
+            return {}
+        updates = self.read_updates(received)
+        if adjust is not None:
+            updates = adjust(round_index, updates)
+        log = self.aggregate_updates(round_index, updates)
+        return {**mean_train_losses(list(received.values())), **log}
+
+    def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
+        """FedAvg: θ_k ← Σ_n w_{n,k} θ_{n,k} / Σ_n w_{n,k} over the copies that trained k."""
+        self.global_state.update(weighted_average([u.trained for u in updates], [u.weights for u in updates]))
+        return {}
+
+    def evaluate(self, test: TaskData) -> Metrics | None:
+        """The global model per task; None (clients evaluate their own models) when parameters stay local."""
+        if self.keeps_local:
+            return None
+        if not any(k.startswith(ROLE_HEAD_PREFIX) for k in self.global_state):
+            module = self.global_model()
+            return {task: evaluate(module, self.setup.specs[task], x, y) for task, (x, y) in test.items()}
+        return {task: evaluate(self.global_model(task), self.setup.specs[task], x, y) for task, (x, y) in test.items()}
+
+    def configure_evaluate(self, clients: list[int]) -> dict[int, Message | None]:
+        return {c: self.payload_for(c) for c in clients}
+
+    def global_model(self, task: str | None = None) -> nn.Module:
+        """The global model; with a role-form state, with the shared head placed as `task`'s head."""
+        model, module = self.build_model()
+        load_state(model, self.global_state if task is None else to_task(self.global_state, task))
+        return module
+
+    def state_dict(self) -> dict[str, Tensor]:
+        state = dict(self.global_state)
+        for part, tensors in self.parts.items():
+            state.update({f"{PART_PREFIX}{part}/{k}": v for k, v in tensors.items()})
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self.global_state = {k: v.clone() for k, v in state.items() if not k.startswith(PART_PREFIX)}
+        self.parts = {part: {} for part in self.parts}
+        for key, value in state.items():
+            if key.startswith(PART_PREFIX):
+                part, _, name = key[len(PART_PREFIX):].partition("/")
+                self.parts.setdefault(part, {})[name] = value.clone()

@@ -1,0 +1,86 @@
+"""The plug-in contract: a plug-in wraps a host's two programs, and the host's code does not change for it.
+
+- Client side, the host trains and replies; the plug-in may rewrite the reply (`transform_reply`: DEA's sparse
+  upload). It sees (reference, trained) pairs through the update convention (`common.updates`).
+- Server side, the plug-in may restore each reply (`restore_reply`: DEA's sparse deltas back to dense values) and
+  adjust the host's `Update`s before the host's own rule runs (`adjust`: PCGrad's projections, FedHEAL's masks and
+  weights). Everything else (participants, payloads, evaluation) is the host's.
+A plug-in's own server state lives under `plugin/` in the checkpoint, next to the host's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Generic, TypeVar
+
+from torch import Tensor
+
+from manytask.client.trainer import TaskData
+from manytask.errors import ManytaskError
+from manytask.messages import Message
+from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
+from manytask.methods.common.updates import Update
+from manytask.methods.hosts.base import HostServer
+from manytask.registry import Params
+
+PLUGIN_PREFIX = "plugin/"
+P = TypeVar("P", bound=Params)
+
+
+class PluginClient(ClientProgram[P], Generic[P]):
+    def __init__(self, host: ClientProgram, setup: Setup, params: P) -> None:
+        super().__init__(setup, params)
+        self.host = host
+
+    def fit(self, ctx: ClientContext, payload: Message | None) -> Message | None:
+        reply = self.host.fit(ctx, payload)
+        return None if reply is None or payload is None else self.transform_reply(ctx, payload, reply)
+
+    def transform_reply(self, ctx: ClientContext, payload: Message, reply: Message) -> Message:
+        """What is uploaded instead of the host's reply (default: the reply)."""
+        return reply
+
+    def evaluate(self, ctx: ClientContext, payload: Message | None, test: TaskData) -> Metrics:
+        return self.host.evaluate(ctx, payload, test)
+
+
+class PluginServer(ServerProgram[P], Generic[P]):
+    def __init__(self, host: ServerProgram, setup: Setup, params: P) -> None:
+        if not isinstance(host, HostServer):
+            raise ManytaskError(f"a plug-in wraps host methods only, not {type(host).__name__}.")
+        super().__init__(setup, params)
+        self.host = host
+        self.state: dict[str, Tensor] = {}  # the plug-in's own crash-safe state
+        self.log: dict[str, float] = {}  # scalars to log for the round being aggregated
+
+    def participants(self, round_index: int, sampled: list[int]) -> list[int]:
+        return self.host.participants(round_index, sampled)
+
+    def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
+        return self.host.configure_fit(round_index, clients)
+
+    def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
+        self.log = {}
+        restored = {c: None if r is None else self.restore_reply(c, r) for c, r in replies.items()}
+        return {**self.host.aggregate_replies(round_index, restored, self.adjust), **self.log}
+
+    def restore_reply(self, client: int, reply: Message) -> Message:
+        """The reply as the host expects it (default: unchanged); `self.host.sent[client]` is what it was sent."""
+        return reply
+
+    def adjust(self, round_index: int, updates: list[Update]) -> list[Update]:
+        """The updates the host aggregates (default: unchanged)."""
+        return updates
+
+    def evaluate(self, test: TaskData) -> Metrics | None:
+        return self.host.evaluate(test)
+
+    def configure_evaluate(self, clients: list[int]) -> dict[int, Message | None]:
+        return self.host.configure_evaluate(clients)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {**self.host.state_dict(), **{PLUGIN_PREFIX + k: v for k, v in self.state.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self.host.load_state_dict({k: v for k, v in state.items() if not k.startswith(PLUGIN_PREFIX)})
+        self.state = {k[len(PLUGIN_PREFIX):]: v.clone() for k, v in state.items() if k.startswith(PLUGIN_PREFIX)}
