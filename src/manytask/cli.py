@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -23,6 +24,7 @@ R = TypeVar("R")
 
 TERMINAL_TASK_COLUMNS = 12  # beyond this (one task per client, say) the terminal table shows averages only
 RESUME_HINT = "interrupted; the last finished round is checkpointed (continue with --resume DIR)."
+SIGINT_AFTER_ROUND = "MANYTASK_SIGINT_AFTER_ROUND"  # testing hook: Ctrl-C this run right after that round
 
 
 def _guarded(action: Callable[[], R], interrupted: str = "interrupted.") -> R:
@@ -60,7 +62,7 @@ def run(
 ) -> None:
     """Run a config (the built-in default many-task comparison when none is given)."""
     from manytask.config import resolve
-    from manytask.progress import RichObserver
+    from manytask.progress import RichObserver, SignalAfterRound
     from manytask.report import write_report
     from manytask.run import resume as resume_run
     from manytask.run import run_config
@@ -76,11 +78,16 @@ def run(
             config = resolve(config_path, overrides)
             target = out or Path("runs") / f"{config.name}-{datetime.now():%Y%m%d-%H%M%S}"
             start = lambda observer: run_config(config, target, observer)  # noqa: E731
+        interrupt = os.environ.get(SIGINT_AFTER_ROUND)
+
+        def observed(observer: RichObserver | None) -> None:
+            start(observer if interrupt is None else SignalAfterRound(int(interrupt), observer))
+
         if quiet:
-            start(None)
+            observed(None)
         else:
             with RichObserver(err_console) as observer:
-                start(observer)
+                observed(observer)
         report = write_report(target)
         _print_comparison([target])
         out_console.print(f"run directory: {target}\nreport: {report}")

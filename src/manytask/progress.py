@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 from rich.console import Console
@@ -34,3 +36,23 @@ class RichObserver:
         if row.get("dropped"):
             status += f"  dropped {row['dropped']}"
         self.progress.update(self._bar, completed=row["round"], status=status)
+
+
+class SignalAfterRound:
+    """Sends this process SIGINT, as a user's Ctrl-C would, right after round `round_` is finished and checkpointed;
+    passes everything on to `inner`. The CLI installs it when `MANYTASK_SIGINT_AFTER_ROUND` is set, so a test can
+    interrupt a real run at a round it chooses instead of racing it with a timer."""
+
+    def __init__(self, round_: int, inner: Any = None) -> None:
+        self.round = round_
+        self.inner = inner
+
+    def started(self, label: str, total_rounds: int, done_rounds: int) -> None:
+        if self.inner:
+            self.inner.started(label, total_rounds, done_rounds)
+
+    def finished_round(self, row: dict[str, Any]) -> None:
+        if self.inner:
+            self.inner.finished_round(row)
+        if row["round"] == self.round:
+            os.kill(os.getpid(), signal.SIGINT)
