@@ -64,6 +64,22 @@ def test_server_pulls_participants_together_and_owes_each_its_model():
     assert torch.equal(restored.payload(2).tensor("head.bias"), payloads[2].tensor("head.bias"))
 
 
+def test_the_server_step_follows_the_epochs_each_client_trained():
+    """η_g = lr × local epochs; with `local_steps` the epochs are those steps over one epoch's batches of that
+    client (it was lr × local_epochs whatever the steps)."""
+    from manytask.methods.common.personal import graph_steps
+
+    holdings = {0: {"a": 64}, 1: {"b": 16}}  # 2 batches and 1 batch of 32
+    by_steps = tiny_setup(holdings, train=TrainConfig(lr=0.1, local_steps=4, batch_size=32))
+    assert graph_steps(by_steps, 0, [0, 1]) == pytest.approx([0.1 * 4 / 2, 0.1 * 4 / 1])
+    by_epochs = tiny_setup(holdings, train=TrainConfig(lr=0.1, local_epochs=3, batch_size=32))
+    assert graph_steps(by_epochs, 0, [1, 0]) == pytest.approx([0.3, 0.3])
+    new = laplacian_step(_models()[:2], WEIGHTS[:2, :2], [[0, 1]], step=[0.1, 0.2], lam=1.0)
+    # w0 − 0.1·(w0 − w1) = [0.1, 0]; w1 − 0.2·(w1 − w0) = [0.8, 0]
+    assert torch.allclose(new[0]["w"], torch.tensor([0.1, 0.0]))
+    assert torch.allclose(new[1]["w"], torch.tensor([0.8, 0.0]))
+
+
 def test_needs_one_task_per_client():
     with pytest.raises(ManytaskError, match="fedu needs one task per client; client 0 holds 2"):
         FeduServer(tiny_setup({0: {"a": 5, "b": 5}}), FeduParams())

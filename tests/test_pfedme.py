@@ -87,6 +87,8 @@ def test_server_weighs_clients_by_samples_then_mixes_with_beta():
     for key, old in previous.items():  # average (10·1 + 30·5) / 40 = 4, then 0.5·old + 0.5·4
         assert torch.allclose(server.global_state[key], 0.5 * old + 2.0)
     assert server.evaluate({}) is None  # clients evaluate their own θ
+    model = server.global_model("b")  # the global w with its one head placed as b's (raised AttributeError once)
+    assert torch.equal(model.heads["b"].weight, server.global_state["head.weight"])
 
 
 def test_clients_start_from_one_common_model():

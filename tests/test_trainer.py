@@ -68,3 +68,116 @@ def test_extra_loss_hook_is_added():
 @pytest.mark.parametrize(("schedule", "expected"), [("constant", 0.1), ("cosine", 0.05), ("linear", 0.05)])
 def test_lr_schedule_over_rounds(schedule, expected):
     assert TrainConfig(lr=0.1, lr_schedule=schedule).lr_at(5, 10) == pytest.approx(expected)
+
+
+def test_hooks_see_the_forward_pass_already_done_and_it_runs_once_per_task():
+    seen, calls = [], []
+
+    class Record(TrainHook):
+        def loss(self, step):
+            with torch.no_grad():
+                for task, (x, _) in step.batches.items():
+                    features = step.model.backbone(x)
+                    assert torch.equal(step.features[task], features)
+                    assert torch.equal(step.outputs[task], step.model.heads[task](features))
+                    expected = SPECS[task].loss(step.outputs[task], step.batches[task][1])
+                    assert step.losses[task].item() == pytest.approx(expected.item())
+            seen.append((step.step, step.lr, sorted(step.batches)))
+            return None
+
+    model = _model()
+    model.backbone.register_forward_hook(lambda *_: calls.append(1))
+    config = TrainConfig(lr=0.1, local_steps=3, lr_schedule="linear")
+    Trainer(config, SPECS).train(model, _data(), seed=0, round_index=1, total_rounds=4, hooks=[Record()])
+    assert [s for s, _, _ in seen] == [0, 1, 2] and all(lr == pytest.approx(0.075) for _, lr, _ in seen)
+    assert all(tasks == ["a", "b"] for _, _, tasks in seen)
+    assert len(calls) == 3 * 2 + 3 * 2  # the trainer's 2 forwards per step, plus the hook's own 2 checks
+
+
+def test_a_loss_combiner_weights_the_task_losses():
+    """One plain SGD step with L = 2·L_a + 0·L_b equals a hand-made step on that loss: b's head does not move."""
+    config = TrainConfig(lr=0.1, momentum=0.0, local_steps=1, batch_size=64)
+    model, reference = _model(), _model()
+    Trainer(config, SPECS).train(model, _data(), seed=0, round_index=0, total_rounds=1,
+                                 combine=lambda step: 2 * step.losses["a"] + 0 * step.losses["b"])
+    x, y = _data()["a"]
+    loss = 2 * SPECS["a"].loss(reference(x, "a"), y)  # batch 64 = all 64 samples (order does not change a mean)
+    loss.backward()
+    with torch.no_grad():
+        for p in reference.parameters():
+            if p.grad is not None:
+                p -= 0.1 * p.grad
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6), name
+    assert torch.equal(model.heads["b"].weight, _model().heads["b"].weight)
+
+
+def test_sparse_sgdm_through_the_optimizer_factory_never_moves_masked_entries():
+    """Masking gradients in a hook is not enough once weight decay is on (the masked weights still decay);
+    SparseSGDM built by the trainer's optimizer factory keeps every masked entry exactly where it was."""
+    from manytask.client.optimizers import SparseSGDM
+
+    config = TrainConfig(lr=0.1, momentum=0.9, weight_decay=0.01, local_steps=5)
+    start = _model()
+    masks = {n: torch.rand(p.shape, generator=torch.Generator().manual_seed(1)) < 0.5
+             for n, p in start.named_parameters()}
+
+    class MaskGradients(TrainHook):
+        def after_backward(self, step):
+            for name, p in step.model.named_parameters():
+                p.grad.mul_(masks[name])
+
+    def moved(model):
+        return {n: int(((p != start.get_parameter(n)) & ~masks[n]).sum()) for n, p in model.named_parameters()}
+
+    hooked = _model()
+    Trainer(config, SPECS).train(hooked, _data(), seed=0, round_index=0, total_rounds=1, hooks=[MaskGradients()])
+    total_masked = sum(int((~m).sum()) for m in masks.values())
+    assert sum(moved(hooked).values()) == total_masked  # every masked entry decayed
+
+    sparse = _model()
+    factory = lambda named, lr: SparseSGDM(named, masks, lr, momentum=0.9, weight_decay=0.01)  # noqa: E731
+    Trainer(config, SPECS).train(sparse, _data(), seed=0, round_index=0, total_rounds=1, optimizer=factory)
+    assert sum(moved(sparse).values()) == 0
+    assert all(bool((p != start.get_parameter(n))[masks[n]].any()) for n, p in sparse.named_parameters())
+
+
+def test_sparse_sgdm_with_a_full_mask_is_torch_sgd():
+    from manytask.client.optimizers import SparseSGDM
+
+    ours, theirs = _model(), _model()
+    full = {n: torch.ones_like(p, dtype=torch.bool) for n, p in ours.named_parameters()}
+    optimizers = [SparseSGDM(ours.named_parameters(), full, 0.1, momentum=0.9, weight_decay=0.01),
+                  torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)]
+    x, y = _data()["a"]
+    for _ in range(3):
+        for model, optimizer in zip((ours, theirs), optimizers, strict=True):
+            optimizer.zero_grad()
+            SPECS["a"].loss(model(x, "a"), y).backward()
+            optimizer.step()
+    for p, q in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("round_index", "expected"),
+    # cos(0.4π) = 0.309017, cos(0.8π) = −0.809017
+    [(0, 0.1 / 3), (2, 0.1), (3, 0.1), (5, 0.05 * 1.309017), (7, 0.05 * 0.190983)],
+)
+def test_warmup_then_cosine_by_hand(round_index, expected):
+    """W = 3 warmup rounds of R = 8: lr·(r+1)/3, then cosine over the other 5 rounds: lr·½(1 + cos(π(r − 3)/5))."""
+    config = TrainConfig(lr=0.1, lr_schedule="warmup-cosine", warmup_rounds=3)
+    assert config.lr_at(round_index, 8) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("round_index", "expected"), [(0, 0.1), (5, 0.1 * 0.5**2), (9, 0.1 * 0.1**2)])
+def test_poly_decay_by_hand(round_index, expected):
+    assert TrainConfig(lr=0.1, lr_schedule="poly", lr_power=2.0).lr_at(round_index, 10) == pytest.approx(expected)
+
+
+def test_local_work_in_steps_and_epochs():
+    trainer = Trainer(TrainConfig(local_steps=6, batch_size=16), SPECS)
+    assert trainer.steps_for({"a": 50, "b": 20}) == 6
+    assert trainer.epochs_for({"a": 50, "b": 20}) == pytest.approx(6 / 4)  # 4 batches of the largest task
+    by_epochs = Trainer(TrainConfig(local_epochs=3, batch_size=16), SPECS)
+    assert by_epochs.steps_for({"a": 50}) == 12 and by_epochs.epochs_for({"a": 50}) == 3.0
