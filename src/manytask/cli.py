@@ -114,27 +114,37 @@ def pretrain(
 
 @app.command("list")
 def list_choices() -> None:
-    """Methods, benchmarks, partitioners and backbones, with their parameters."""
+    """Methods (by family), plug-ins and the hosts they wrap, benchmarks, partitioners and backbones."""
     from manytask.benchmarks import BENCHMARKS
     from manytask.federation import SAMPLE_PARTITIONERS, TASK_ALLOCATIONS
-    from manytask.methods import METHODS
+    from manytask.methods import METHODS, PLUGINS
     from manytask.models import BACKBONES
     from manytask.registry import describe_params
 
+    methods = [(e.name, e.target.family, describe_params(e.params), e.description) for e in METHODS.entries()]
+    methods.sort(key=lambda row: row[1])
+    _print_choices("methods (method=NAME)", ("name", "family", "parameters", "description"), methods)
+    plugins = [(e.name, describe_params(e.params), ", ".join(e.target.hosts()), e.description)
+               for e in PLUGINS.entries()]
+    _print_choices("plug-ins (method.plugin=NAME)", ("name", "parameters", "wraps", "description"), plugins)
     sections = [
-        ("methods (method=NAME)", METHODS),
         ("benchmarks (benchmark=NAME)", BENCHMARKS),
         ("task allocations (federation.tasks.kind=NAME)", TASK_ALLOCATIONS),
         ("sample partitioners (federation.samples.kind=NAME)", SAMPLE_PARTITIONERS),
         ("backbones (model.backbone=NAME)", BACKBONES),
     ]
     for title, registry in sections:
-        table = Table(title=title, title_justify="left", show_lines=False)
-        for column in ("name", "parameters", "description"):
-            table.add_column(column)
-        for entry in registry.entries():
-            table.add_row(entry.name, describe_params(entry.params), entry.description)
-        out_console.print(table)
+        rows = [(e.name, describe_params(e.params), e.description) for e in registry.entries()]
+        _print_choices(title, ("name", "parameters", "description"), rows)
+
+
+def _print_choices(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    out_console.print(table)
 
 
 @app.command()
@@ -204,9 +214,14 @@ def local_cluster(
 
 def _print_comparison(run_dirs: list[Path]) -> None:
     from manytask.report import comparison_rows, load_runs, rich_table
+    from manytask.report.plugins import plugin_table
 
-    headers, rows = comparison_rows(load_runs(run_dirs), max_task_columns=TERMINAL_TASK_COLUMNS)
+    records = load_runs(run_dirs)
+    headers, rows = comparison_rows(records, max_task_columns=TERMINAL_TASK_COLUMNS)
     out_console.print(rich_table(headers, rows, "comparison"))
+    plugins = plugin_table(records)
+    if plugins is not None:
+        out_console.print(rich_table(*plugins, "plug-ins against their hosts (Δ%)"))
 
 
 def main() -> None:

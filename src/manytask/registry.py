@@ -84,6 +84,6 @@ def describe_params(model: type[BaseModel]) -> str:
     """'name=default, ...' for `manytask list`."""
     parts = []
     for name, field in model.model_fields.items():
-        default = "required" if field.is_required() else repr(field.default)
+        default = "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
         parts.append(f"{name}={default}")
     return ", ".join(parts) or "-"

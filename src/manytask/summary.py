@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from manytask.config import split_plugin
 from manytask.experiment import Experiment
 
 
@@ -29,6 +30,8 @@ def build_summary(experiment: Experiment, rows: list[dict[str, Any]], wall_secon
         "method": experiment.method_name,
         "label": experiment.label,
         "method_params": experiment.method_params.model_dump(mode="json"),
+        "plugin": None if experiment.plugin_params is None else split_plugin(config.method)[0],
+        "plugin_params": None if experiment.plugin_params is None else experiment.plugin_params.model_dump(mode="json"),
         "benchmark": config.benchmark["name"],
         "seed": config.seed,
         "rounds": config.rounds,
@@ -39,6 +42,7 @@ def build_summary(experiment: Experiment, rows: list[dict[str, Any]], wall_secon
         "task_groups": experiment.benchmark.metadata.get("groups"),  # true latent groups, where a benchmark has them
         "tasks": last_eval["eval"],
         "main_metric": main,
+        "higher_is_better": {t: specs[t].higher_is_better for t in specs},
         "chance": {t: specs[t].chance for t in specs},
         "average": last_eval["average"],
         "fairness": last_eval.get("fairness"),  # across clients: mean, worst 10 %, worst 20 %, std

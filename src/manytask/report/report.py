@@ -16,6 +16,7 @@ from manytask.report.plots import (
     plot_task_curves,
     similarity_ari,
 )
+from manytask.report.plugins import plugin_table
 from manytask.report.runs import RunRecord, all_accuracy, is_comparison, load_run, load_runs, read_summary
 from manytask.report.tables import (
     MISSING,
@@ -221,12 +222,23 @@ def _comparison_report(root: Path, records: list[RunRecord], graph_rounds: Seque
         ]),
         "## Comparison\n",
         markdown_table(*comparison_rows(records)),
+        *_plugin_section(records),
         *_community_table(records),
         "## Plots\n",
         *(_image(title, path, root) for title, path in images),
         "## Runs\n",
         *(_run_section(record) for record in records),
     ])
+
+
+def _plugin_section(records: list[RunRecord]) -> list[str]:
+    """Each plug-in's Δ% against its host and the uploads, when the comparison ran hosts with and without them."""
+    table = plugin_table(records)
+    if table is None:
+        return []
+    return ["## Plug-ins against their hosts\n",
+            "Δ% = mean over tasks of ±(metric − host's metric) / host's metric × 100 (+ where higher is better).\n",
+            markdown_table(*table)]
 
 
 def _similarity_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:

@@ -39,6 +39,11 @@ class TaskSpec:
         return self.metric_names[0]
 
     @property
+    def higher_is_better(self) -> bool:
+        """Whether a larger main metric is better (accuracy) or worse (mse): the sign s_t of a Δ%."""
+        return self.kind is TaskKind.CLASSIFICATION
+
+    @property
     def chance(self) -> float | None:
         """Accuracy of a uniform guess (a floor for 'learned something'); None for regression."""
         return 1.0 / self.num_outputs if self.kind is TaskKind.CLASSIFICATION else None

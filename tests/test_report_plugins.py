@@ -1,0 +1,43 @@
+"""The plug-ins-against-hosts table: Δ% by hand, host matching, uploads per round."""
+
+from pathlib import Path
+
+import pytest
+
+from manytask.report.plugins import delta_percent, host_of, plugin_table
+from manytask.report.runs import RunRecord
+
+
+def _record(label, method="fedavg", plugin=None, acc=0.5, mse=2.0, up=1000, params=None):
+    summary = {
+        "label": label, "method": method, "method_params": params or {"mu": 0}, "plugin": plugin, "rounds": 10,
+        "tasks": {"a": {"accuracy": acc}, "b": {"mse": mse}}, "main_metric": {"a": "accuracy", "b": "mse"},
+        "higher_is_better": {"a": True, "b": False}, "average": acc, "bytes_up": up,
+    }
+    return RunRecord(Path(label), summary)
+
+
+def test_delta_percent_by_hand():
+    host, plugged = _record("fedavg"), _record("fedavg+dea", plugin="dea", acc=0.6, mse=1.5)
+    # a: +(0.6 − 0.5)/0.5 = +20 %; b (lower is better): −(1.5 − 2)/2 = +25 %; mean 22.5
+    assert delta_percent(plugged, host) == pytest.approx(22.5)
+    assert delta_percent(host, host) == 0.0
+
+
+def test_a_plugged_run_is_matched_to_the_host_with_the_same_parameters():
+    records = [_record("fedprox", "fedprox", params={"mu": 0.1}), _record("fedprox-0", "fedprox"),
+               _record("fedprox+dea", "fedprox", "dea", params={"mu": 0.1})]
+    assert host_of(records[2], records).label == "fedprox"
+    assert host_of(_record("fedavg+heal", plugin="fedheal"), records) is None
+
+
+def test_the_table_has_a_row_per_host_and_a_column_per_plugin():
+    records = [_record("fedavg", up=2000), _record("fedavg+dea", plugin="dea", acc=0.55, up=700),
+               _record("fedavg+pcgrad", plugin="pcgrad", acc=0.45), _record("local", "local")]
+    headers, rows = plugin_table(records)
+    assert headers == ["host", "average", "+dea Δ%", "+pcgrad Δ%", "upload/round", "+dea upload/round",
+                       "+pcgrad upload/round"]
+    # dea: a +10 %, b 0 → +5.00; pcgrad: a −10 % → −5.00; uploads 2000/10, 700/10, 1000/10 bytes; the average of
+    # an accuracy and an mse task is shown as a plain number
+    assert rows == [["fedavg", "0.5000", "+5.00", "-5.00", "200 B", "70 B", "100 B"]]
+    assert plugin_table(records[:1]) is None
