@@ -6,6 +6,7 @@ from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Serve
 from manytask.methods.hosts import fedavg, fedprox  # noqa: F401  (registration)
 from manytask.methods.manytask import matfl, matu, sfmtl  # noqa: F401  (registration)
 from manytask.methods.personalized import fedper, fedu, pfedme  # noqa: F401  (registration)
+from manytask.methods.plugins import dea, fedheal, pcgrad  # noqa: F401  (registration)
 from manytask.methods.registry import METHODS, PLUGINS, register_method, register_plugin
 
 __all__ = [

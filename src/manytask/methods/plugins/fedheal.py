@@ -1,0 +1,132 @@
+"""FedHEAL (Chen et al., CVPR 2024, "Fair Federated Learning under Domain Skew with Local Consistency and Domain
+Diversity"), a plug-in over any host; FedDEA's comparison. Two server-side parts, per update n:
+
+- FPHL, parameter-wise consistency masking: h_n holds, per entry, the fraction of the client's past participations
+  in which its update was ≥ 0; an entry is kept where the fraction of past updates in the current direction
+  exceeds τ (every entry at a client's first participation); then h_n ← (h_n·c_n + 1[Δ_n ≥ 0]) / (c_n + 1).
+- FAEL, fairness weights from update distances: d_n = Σ_k ‖Δ̂_n,k‖₂ of the masked update,
+  δ_n ← (1 − β)·δ_n^prev + β·d_n / Σ d, w_n ← w_n^prev + δ_n (w^prev starts at 1 / number of updates),
+  p_n = w_n / Σ w over this round's updates.
+The host aggregates reference + Δ̂_n with per-entry weights host_weight × p_n × mask_n, or host_weight × p_n where
+every update's mask is 0 (the authors' fallback; Δ̂ is 0 there anyway). Buffers are untouched.
+
+Choices: c_n counts the client's participations, where the authors' code (`yuhangchen0/FedHEAL`,
+models/utils/federated_model.py) uses the round index, which is the same under full participation; defaults
+τ = 0.3, β = 0.4 are theirs (main.py). Their code masks global − local, we mask Δ = local − global with 1[Δ ≥ 0]:
+the two differ only at entries with Δ = 0 exactly. The authors replace the sample-size weights by p_n; we multiply
+the host's weights by p_n, so FedHEAL composes with any host's weighting. History and weights are kept per
+(client, copy), and "participants" for w^prev are this round's updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from manytask.methods.common.updates import Update
+from manytask.methods.plugins.base import PluginClient, PluginServer
+from manytask.methods.registry import PluginDef, register_plugin
+from manytask.registry import Params
+
+
+class FedhealParams(Params):
+    threshold: float = Field(default=0.3, ge=0, lt=1, description="consistency threshold τ of the masks")
+    beta: float = Field(default=0.4, ge=0, le=1, description="momentum β of the fairness weight steps")
+
+
+def consistency_mask(change: Tensor, history: Tensor | None, count: int, threshold: float) -> tuple[Tensor, Tensor]:
+    """FPHL, FedHEAL's consistency masking, for one array: (mask, next history). `history` is the fraction h of
+    the `count` past updates that were ≥ 0 (None before the first); the mask keeps entries where the fraction of
+    past updates in the direction of `change` exceeds `threshold`, all of them at the first participation."""
+    rises = (change >= 0).to(change.dtype)
+    if history is None:
+        return torch.ones_like(change), rises
+    agreement = torch.where(change >= 0, history, 1 - history)
+    return (agreement > threshold).to(change.dtype), (history * count + rises) / (count + 1)
+
+
+def fairness_weights(
+    distances: Tensor, previous_weights: Tensor, previous_steps: Tensor, beta: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """FAEL, FedHEAL's fairness weights: δ = (1 − β)·δ^prev + β·d / Σ d, w = w^prev + δ, p = w / Σ w.
+    Returns (p, w, δ); a round whose updates are all zero adds no step."""
+    total = distances.sum()
+    shares = distances / total if total > 0 else torch.zeros_like(distances)
+    steps = (1 - beta) * previous_steps + beta * shares
+    weights = previous_weights + steps
+    return weights / weights.sum(), weights, steps
+
+
+def masked_norm_sum(masked: dict[str, Tensor]) -> float:
+    """d_n = Σ_k ‖Δ̂_n,k‖₂ (FedHEAL's update distance)."""
+    return sum(float(torch.linalg.vector_norm(v.double())) for v in masked.values())
+
+
+class FedhealServer(PluginServer[FedhealParams]):
+    """Masks every update by its client's consistency history and reweights it for fairness before the host's
+    rule; history, counts and weights live in `self.state` (checkpointed)."""
+
+    def adjust(self, round_index: int, updates: list[Update]) -> list[Update]:
+        slots = [self.slot(u) for u in updates]
+        deltas = [u.deltas() for u in updates]
+        masks = [self.mask_and_record(slot, d) for slot, d in zip(slots, deltas, strict=True)]
+        masked = [{k: m * d[k] for k, m in mask.items()} for d, mask in zip(deltas, masks, strict=True)]
+        shares = self.shares(slots, [masked_norm_sum(m) for m in masked])
+        kept_anywhere = self.kept_anywhere(masks)
+        return [
+            self.reweighted(u.with_deltas(m), mask, share, kept_anywhere)
+            for u, m, mask, share in zip(updates, masked, masks, shares, strict=True)
+        ]
+
+    @staticmethod
+    def slot(update: Update) -> str:
+        """Where an update's history lives: per client, and per copy for `per_task` copies."""
+        return str(update.client) if update.copy is None else f"{update.client}/{update.copy}"
+
+    def mask_and_record(self, slot: str, deltas: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The update's consistency masks; its history and participation count move one step."""
+        count = int(self.state[f"count/{slot}"]) if f"count/{slot}" in self.state else 0
+        masks = {}
+        for key, change in deltas.items():
+            history = self.state.get(f"history/{slot}/{key}") if count else None
+            masks[key], self.state[f"history/{slot}/{key}"] = consistency_mask(
+                change, history, count, self.params.threshold)
+        self.state[f"count/{slot}"] = torch.tensor(count + 1)
+        return masks
+
+    def shares(self, slots: list[str], distances: list[float]) -> list[float]:
+        """p_n of this round's updates; w and δ are remembered per slot."""
+        start = torch.tensor(1 / len(slots), dtype=torch.float64)
+        zero = torch.zeros((), dtype=torch.float64)
+        previous_weights = torch.stack([self.state.get(f"weight/{s}", start) for s in slots])
+        previous_steps = torch.stack([self.state.get(f"step/{s}", zero) for s in slots])
+        p, weights, steps = fairness_weights(
+            torch.tensor(distances, dtype=torch.float64), previous_weights, previous_steps, self.params.beta)
+        for slot, weight, step in zip(slots, weights, steps, strict=True):
+            self.state[f"weight/{slot}"], self.state[f"step/{slot}"] = weight.clone(), step.clone()
+        return p.tolist()
+
+    @staticmethod
+    def kept_anywhere(masks: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        """Per key, the entries that at least one update's mask keeps."""
+        kept: dict[str, Tensor] = {}
+        for mask in masks:
+            for key, m in mask.items():
+                kept[key] = kept[key] | (m > 0) if key in kept else m > 0
+        return kept
+
+    @staticmethod
+    def reweighted(update: Update, mask: dict[str, Tensor], share: float, kept_anywhere: dict[str, Tensor]) -> Update:
+        """host weight × p_n × mask per parameter entry, host weight × p_n where no update keeps the entry."""
+        weights = {key: update.weights[key] * share * torch.where(kept_anywhere[key], m, torch.ones_like(m))
+                   for key, m in mask.items()}
+        return replace(update, weights={**update.weights, **weights})
+
+
+register_plugin(
+    "fedheal", PluginDef(PluginClient, FedhealServer), FedhealParams,
+    "FedHEAL: consistency masks from each client's update-sign history and fairness weights from update distances",
+)
