@@ -65,6 +65,9 @@ class RunConfig(Params):
     min_replies: int = Field(default=1, ge=1, description="fewer replies than this (or than sampled) fail a round")
     reference: str | None = Field(default="centralized", description="run label normalizing accuracy")
     threads: int = Field(default=1, ge=1, description="torch intra-op threads; small models are fastest on 1")
+    plugins: list[Named | None] | None = Field(
+        default=None, description="run every method entry with each of these plug-ins (null: the method alone)"
+    )
 
     @field_validator("method", mode="before")
     @classmethod
@@ -85,12 +88,33 @@ class RunConfig(Params):
     def _model(cls, value: Any) -> Named:
         return _named(value, "backbone")
 
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _plugins(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, list) or not value:
+            raise ValueError("expected a non-empty list of plug-ins (null or 'none' for the method alone)")
+        return [None if v is None or v == "none" else _named(v, "name") for v in value]
+
+    @property
+    def is_comparison(self) -> bool:
+        """Several members (a method list, or methods crossed with plug-ins), one sub-directory each."""
+        return isinstance(self.method, list) or self.plugins is not None
+
     @property
     def methods(self) -> list[Named]:
-        return self.method if isinstance(self.method, list) else [self.method]
+        """The member entries: the method entries, each crossed with every entry of `plugins` when given."""
+        entries = self.method if isinstance(self.method, list) else [self.method]
+        if self.plugins is None:
+            return entries
+        return [with_plugin(entry, plugin) for entry in entries for plugin in self.plugins]
 
     @model_validator(mode="after")
     def _method_entries(self) -> RunConfig:
+        entries = self.method if isinstance(self.method, list) else [self.method]
+        if self.plugins is not None and any(PLUGIN in entry for entry in entries):
+            raise ValueError("give plug-ins either in 'plugins' or in method entries, not both")
         for method in self.methods:
             method_train(self.train, method)
             split_plugin(method)
@@ -100,10 +124,21 @@ class RunConfig(Params):
         """The single-method config of one member of a comparison, with the method's own `train` overrides (papers
         tune the learning rate per method) applied to the run's train settings."""
         entry = {k: v for k, v in method.items() if k != TRAIN_OVERRIDES}
-        return self.model_copy(update={"method": entry, "train": method_train(self.train, method)})
+        return self.model_copy(update={"method": entry, "train": method_train(self.train, method), "plugins": None})
+
+
+def with_plugin(entry: Named, plugin: Named | None) -> Named:
+    """A method entry with a plug-in added (its label, if it has one, gets `+<plug-in>`)."""
+    if plugin is None:
+        return entry
+    crossed = {**entry, PLUGIN: plugin}
+    if entry.get("label"):
+        crossed["label"] = f"{entry['label']}+{plugin['name']}"
+    return crossed
 
 
 TRAIN_OVERRIDES = "train"
+PLUGIN = "plugin"
 
 
 def method_train(train: TrainConfig, method: Named) -> TrainConfig:
@@ -123,9 +158,6 @@ def method_train(train: TrainConfig, method: Named) -> TrainConfig:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise ValueError(f"method '{method_label(method)}': train.{where}: {first['msg']}") from None
-
-
-PLUGIN = "plugin"
 
 
 def method_label(method: Named) -> str:

@@ -36,7 +36,7 @@ def run_config(
 ) -> Summaries | None:
     """Start a new run in `out`; returns the summaries by label, or None when stopped at `stop_after`."""
     experiments = plan(config)
-    if isinstance(config.method, list):
+    if config.is_comparison:
         root = RunDir(out)
         root.create()
         root.write_text(root.config, to_yaml(config))
@@ -55,7 +55,7 @@ def resume(out: Path, observer: RoundObserver | None = None, stop_after: int | N
 
 
 def member_dir(config: RunConfig, out: Path, label: str) -> RunDir:
-    return RunDir(out / label) if isinstance(config.method, list) else RunDir(out)
+    return RunDir(out / label) if config.is_comparison else RunDir(out)
 
 
 def _execute(
@@ -69,7 +69,7 @@ def _execute(
         if summary is None:
             return None
         summaries[exp.label] = summary
-    if isinstance(config.method, list):
+    if config.is_comparison:
         _write_comparison(config, summaries, out)
     return summaries
 
