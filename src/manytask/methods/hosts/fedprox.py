@@ -29,22 +29,21 @@ def proximal_term(params: Mapping[str, Tensor], anchor: Mapping[str, Tensor], mu
 
 
 class ProximalHook(TrainHook):
-    """(μ/2)·‖θ − θ_anchor‖² over the model's parameters that the anchor holds."""
+    """(μ/2)·‖θ − θ_anchor‖² over the parameters (by state-dict name, as trained: a linearized model trains the same
+    tensors under other names) that the anchor holds."""
 
-    def __init__(self, anchor: Mapping[str, Tensor], mu: float) -> None:
-        self.anchor = {k: v.detach().clone() for k, v in anchor.items()}
+    def __init__(self, params: Mapping[str, Tensor], anchor: Mapping[str, Tensor], mu: float) -> None:
+        self.params = dict(params)
+        self.anchor = {k: v.detach().clone() for k, v in anchor.items() if k in self.params}
         self.mu = mu
 
     def loss(self, step: StepContext) -> Tensor | None:
-        if self.mu == 0:
-            return None
-        params = dict(step.model.named_parameters())
-        return proximal_term(params, {k: v for k, v in self.anchor.items() if k in params}, self.mu)
+        return None if self.mu == 0 else proximal_term(self.params, self.anchor, self.mu)
 
 
 class FedProxClient(FedAvgClient):
     def hooks(self, ctx: ClientContext, copy: TrainedCopy) -> list[TrainHook]:
-        return [ProximalHook(copy.received, self.params.mu)]
+        return [ProximalHook(dict(copy.model.named_parameters()), copy.received, self.params.mu)]
 
 
 register_method(

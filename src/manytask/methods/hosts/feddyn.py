@@ -1,0 +1,134 @@
+"""FedDyn (Acar et al., ICLR 2021, "Federated Learning Based on Dynamic Regularization"), Algorithm 1.
+
+Client n minimizes L_n(θ) − ⟨g_n, θ⟩ + (α/2)‖θ − θ_sent‖² over the received parameters its copy trains (not
+buffers), where g_n, its gradient term from earlier rounds (zeros at first), lives in client state (one per
+`per_task` copy); after training g_n ← g_n − α(θ_n − θ_sent).
+
+Server state h (per parameter key, zeros at first, `parts["h"]`). Per key k, over the updates P_k that hold it, with
+p_n = w_n / Σ_m w_m (per entry for tensor weights) and m_k the trained copies in the federation that hold k:
+    h ← h − α (|P_k| / m_k) Σ_n p_n (θ_n − θ_sent);   θ ← Σ_n p_n θ_n − h / α.
+With equal weights this is the paper's h ← h − (α/m) Σ_{n∈P} (θ_n − θ^{t−1}), θ ← (1/|P|) Σ_{n∈P} θ_n − h/α.
+m_k: every client for backbone and role-form keys, the holders of t for a head of task t; with `per_task` a client
+trains one copy per held task, so it counts once per copy that holds k (the paper's devices are our copies).
+Keys no update holds keep θ and h. Buffers are averaged with FedAvg's weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from manytask.client.trainer import StepContext, TrainHook
+from manytask.methods.base import ClientContext, MethodDef, Setup
+from manytask.methods.common.aggregation import Weight, weighted_average
+from manytask.methods.common.updates import Update, is_parameter
+from manytask.methods.hosts.base import HostClient, HostParams, HostServer, TrainedCopy
+from manytask.methods.hosts.fedprox import ProximalHook
+from manytask.methods.registry import HOST, register_method
+from manytask.models.multitask import state_keys, task_of_key
+
+GRADIENT_PREFIX = "feddyn_g/"  # client state: g_n per parameter
+
+
+class FedDynParams(HostParams):
+    alpha: float = Field(default=0.01, gt=0, description="dynamic regularization strength α")
+
+
+def linear_term(params: Mapping[str, Tensor], gradients: Mapping[str, Tensor]) -> Tensor:
+    """−Σ_k ⟨g_k, θ_k⟩, the linear part of FedDyn's local objective."""
+    total = torch.zeros(())
+    for name, gradient in gradients.items():
+        total = total - (params[name] * gradient).sum()
+    return total
+
+
+def updated_gradients(
+    gradients: Mapping[str, Tensor], trained: Mapping[str, Tensor], sent: Mapping[str, Tensor], alpha: float
+) -> dict[str, Tensor]:
+    """g_n ← g_n − α (θ_n − θ_sent) (Algorithm 1, the client's state update)."""
+    return {k: g - alpha * (trained[k] - sent[k]) for k, g in gradients.items()}
+
+
+def dynamic_server_step(
+    theta: Mapping[str, Tensor], h: Mapping[str, Tensor], deltas: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[Mapping[str, Weight]], holders: Mapping[str, int], alpha: float,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(θ, h) after FedDyn's server step (Algorithm 1), per key held by some update, with Δ_n = θ_n − θ_sent:
+    h ← h − α (|P_k| / m_k) Σ_n p_n Δ_n;  θ ← θ_sent + Σ_n p_n Δ_n − h / α  (= Σ_n p_n θ_n − h / α)."""
+    mean = weighted_average(deltas, weights)
+    counts = {k: sum(k in delta for delta in deltas) for k in mean}
+    new_h = {k: h[k] - alpha * (counts[k] / holders[k]) * d for k, d in mean.items()}
+    new_theta = {k: theta[k] + d - new_h[k] / alpha for k, d in mean.items()}
+    return new_theta, new_h
+
+
+class LinearTermHook(TrainHook):
+    """Adds −⟨g, θ⟩ over the parameters `gradients` holds."""
+
+    def __init__(self, params: Mapping[str, Tensor], gradients: Mapping[str, Tensor]) -> None:
+        self.params = dict(params)
+        self.gradients = dict(gradients)
+
+    def loss(self, step: StepContext) -> Tensor | None:
+        return linear_term(self.params, self.gradients)
+
+
+class FedDynClient(HostClient):
+    params: FedDynParams
+
+    def regularized(self, copy: TrainedCopy) -> dict[str, Tensor]:
+        """The received parameters this copy trains: the ones FedDyn's terms and g_n cover."""
+        trained = set(state_keys(copy.model, copy.tasks))
+        return {k: v for k, v in copy.received.items() if k in trained and is_parameter(k, v)}
+
+    def gradients(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, Tensor]:
+        """g_n of this copy, zeros before its first round."""
+        prefix = copy.state_prefix + GRADIENT_PREFIX
+        return {k: ctx.state.get(prefix + k, torch.zeros_like(v)) for k, v in self.regularized(copy).items()}
+
+    def hooks(self, ctx: ClientContext, copy: TrainedCopy) -> list[TrainHook]:
+        params = dict(copy.model.named_parameters())
+        return [ProximalHook(params, self.regularized(copy), self.params.alpha),
+                LinearTermHook(params, self.gradients(ctx, copy))]
+
+    def finish(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, float]:
+        trained = {k: p.detach() for k, p in copy.model.named_parameters()}
+        gradients = updated_gradients(self.gradients(ctx, copy), trained, self.regularized(copy), self.params.alpha)
+        ctx.state.update({copy.state_prefix + GRADIENT_PREFIX + k: g for k, g in gradients.items()})
+        return {}
+
+
+class FedDynServer(HostServer):
+    params: FedDynParams
+
+    def __init__(self, setup: Setup, params: FedDynParams) -> None:
+        super().__init__(setup, params)
+        self.parts["h"] = {k: torch.zeros_like(v) for k, v in self.global_state.items() if is_parameter(k, v)}
+
+    def holders(self, key: str) -> int:
+        """m_k: the copies in the federation that train `key` (one per client, or one per held task with
+        `per_task`)."""
+        task = task_of_key(key)
+        if task is not None:
+            return sum(task in tasks for tasks in self.setup.holdings.values())
+        return sum(len(tasks) if self.params.per_task else 1 for tasks in self.setup.holdings.values())
+
+    def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
+        deltas = [u.deltas() for u in updates]
+        holders = {k: self.holders(k) for delta in deltas for k in delta}
+        theta, h = dynamic_server_step(
+            self.global_state, self.parts["h"], deltas, [u.weights for u in updates], holders, self.params.alpha
+        )
+        super().aggregate_updates(round_index, updates)  # FedAvg's average, kept for the buffers only
+        self.global_state.update(theta)
+        self.parts["h"].update(h)
+        return {}
+
+
+register_method(
+    "feddyn", MethodDef(FedDynClient, FedDynServer, family=HOST), FedDynParams,
+    "FedDyn: clients add the dynamic regularizer −⟨g, θ⟩ + α/2‖θ − θ_sent‖², the server corrects by h",
+)
