@@ -66,3 +66,42 @@ def test_a_method_may_override_train_settings_for_itself_only(tmp_path):
 def test_bad_method_train_overrides_are_one_clear_sentence(train, message):
     with pytest.raises(ManytaskError, match=message):
         validate(small_config_dict(method=[{"name": "fedprox", "train": train}]))
+
+
+def test_a_plugin_wraps_a_host_and_labels_it():
+    from manytask.run import plan
+
+    config = validate(small_config_dict(method={"name": "fedprox", "mu": 0.01, "plugin": {"name": "dea", "rho": 0.3}}))
+    (experiment,) = plan(config)
+    assert experiment.label == "fedprox+dea" and experiment.plugin_params.rho == 0.3
+    assert type(experiment.client_program().host).__name__ == "FedProxClient"
+    assert type(experiment.server_program().host).__name__ == "FedAvgServer"
+
+
+def test_plugins_cross_every_method_entry():
+    config = validate(small_config_dict(method=["fedavg", {"name": "fedprox", "label": "prox"}],
+                                        plugins=[None, "dea", {"name": "fedheal", "beta": 0.5}]))
+    from manytask.config import method_label
+
+    assert config.is_comparison
+    assert [method_label(m) for m in config.methods] == [
+        "fedavg", "fedavg+dea", "fedavg+fedheal", "prox", "prox+dea", "prox+fedheal"]
+    assert config.for_method(config.methods[2]).plugins is None
+
+
+@pytest.mark.parametrize(("method", "message"), [
+    ({"name": "matu", "plugin": "dea"}, r"plug-in 'dea' cannot wrap 'matu'; it wraps: fedacg, fedavg, fedbn, "),
+    ({"name": "fedavg", "plugin": "dae"}, r"unknown plug-in 'dae'"),
+    ({"name": "fedavg", "plugin": {"name": "dea", "rho": 0}}, r"parameter 'rho' of plug-in 'dea' is invalid"),
+    ({"name": "fedavg", "plugin": {"rho": 0.3}}, r"'plugin' must be a name or a mapping with a 'name'"),
+])
+def test_bad_plugins_are_one_clear_sentence(method, message):
+    from manytask.run import plan
+
+    with pytest.raises(ManytaskError, match=message):
+        plan(validate(small_config_dict(method=method)))
+
+
+def test_plugins_given_twice_is_an_error():
+    with pytest.raises(ManytaskError, match="either in 'plugins' or in method entries"):
+        validate(small_config_dict(method={"name": "fedavg", "plugin": "dea"}, plugins=["pcgrad"]))

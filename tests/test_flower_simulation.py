@@ -60,3 +60,16 @@ def test_sfmtl_graph_keeps_client_backbones_in_flower_context(tmp_path):
     assert a["tasks"] == b["tasks"] and a["bytes_up"] == b["bytes_up"]
     fits = [[json.loads(line)["fit"] for line in (run / "metrics.jsonl").read_text().splitlines()] for run in runs]
     assert fits[0] == fits[1] and any(k.startswith("community/") for k in fits[0][-1])
+
+
+def test_a_wrapped_host_and_a_host_with_client_state_match_the_local_engine_in_flower_sim(tmp_path):
+    """FedAvg + DEA: sparse uploads restored by the ServerApp exactly as in-process; FedDyn: its gradient term g
+    persists in Flower's context.state (with half the clients sampled, a lost g would change the numbers)."""
+    methods = [{"name": "fedavg", "plugin": {"name": "dea", "rho": 0.3}}, "feddyn"]
+    local, sim = run_local_and_sim(tmp_path, small_config_dict(method=methods, rounds=3, participation=0.5))
+    for label in ("fedavg+dea", "feddyn"):
+        a, b = summaries(local / label, sim / label)
+        assert a["tasks"] == b["tasks"], label
+        assert (a["bytes_up"], a["bytes_down"]) == (b["bytes_up"], b["bytes_down"]), label
+    plain = summaries(local / "fedavg+dea")[0]["bytes_up"]
+    assert plain < summaries(local / "feddyn")[0]["bytes_up"] / 2  # the sparse upload is what Flower carried

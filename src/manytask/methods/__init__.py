@@ -3,7 +3,7 @@ hosts (one global model), plug-ins over any host, personalized methods, many-tas
 
 from manytask.methods import reference  # noqa: F401  (registration)
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, ServerProgram, Setup
-from manytask.methods.hosts import fedacg, fedavg, feddyn, fednova, fedprox  # noqa: F401  (registration)
+from manytask.methods.hosts import fedacg, fedavg, fedbn, feddyn, fedga, fednova, fedprox, moon  # noqa: F401
 from manytask.methods.manytask import matfl, matu, sfmtl  # noqa: F401  (registration)
 from manytask.methods.personalized import fedper, fedu, pfedme  # noqa: F401  (registration)
 from manytask.methods.plugins import dea, fedheal, pcgrad  # noqa: F401  (registration)

@@ -1,9 +1,14 @@
-"""Small backbones for the offline benchmarks. Each maps an input batch to a feature vector of `out_features`."""
+"""Small backbones for the offline benchmarks. Each maps an input batch to a feature vector of `out_features`.
+
+`norm: batch` puts a BatchNorm before each ReLU of the hidden layers (mlp) / conv blocks (cnn), whose running
+statistics then travel as buffers; `norm: none` (the default) builds exactly the modules it always did, so a seed
+gives the same weights as before the option existed."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from typing import Literal
 
 from pydantic import Field
 from torch import Tensor, nn
@@ -11,10 +16,29 @@ from torch import Tensor, nn
 from manytask.registry import Params, Registry
 
 BACKBONES: Registry[type[nn.Module]] = Registry("backbone")
+Norm = Literal["none", "batch"]
+NORM_DESCRIPTION = "batch: BatchNorm before each hidden ReLU (its running statistics travel as buffers)"
+
+
+class FeatureBatchNorm(nn.BatchNorm1d):
+    """BatchNorm over feature vectors that also takes a batch of one sample in training, normalizing it with the
+    running statistics (a single sample has no batch variance); a client's last mini-batch may hold one sample."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training and len(x) == 1:
+            return nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                            training=False, eps=self.eps)
+        return super().forward(x)
+
+
+def _normalized(layer: nn.Module, norm: nn.Module | None) -> list[nn.Module]:
+    """layer → (norm) → ReLU."""
+    return [layer, *([] if norm is None else [norm]), nn.ReLU()]
 
 
 class MLPParams(Params):
     hidden: list[int] = Field(default=[128, 64], min_length=1)
+    norm: Norm = Field(default="none", description=NORM_DESCRIPTION)
 
 
 @BACKBONES.register("mlp", MLPParams, "fully connected ReLU network over the flattened input")
@@ -24,7 +48,8 @@ class MLP(nn.Module):
         widths = [math.prod(input_shape), *params.hidden]
         layers: list[nn.Module] = [nn.Flatten()]
         for width_in, width_out in itertools.pairwise(widths):
-            layers += [nn.Linear(width_in, width_out), nn.ReLU()]
+            norm = FeatureBatchNorm(width_out) if params.norm == "batch" else None
+            layers += _normalized(nn.Linear(width_in, width_out), norm)
         self.layers = nn.Sequential(*layers)
         self.out_features = widths[-1]
 
@@ -35,6 +60,7 @@ class MLP(nn.Module):
 class CNNParams(Params):
     channels: list[int] = Field(default=[16, 32], min_length=1)
     hidden: int = Field(default=64, ge=1)
+    norm: Norm = Field(default="none", description=NORM_DESCRIPTION)
 
 
 @BACKBONES.register("cnn", CNNParams, "3x3 conv + ReLU + 2x2 max-pool blocks, then one hidden linear layer")
@@ -51,8 +77,10 @@ class SmallCNN(nn.Module):
         blocks: list[nn.Module] = []
         conv = nn.Conv2d if len(size) == 2 else nn.Conv1d
         pool = nn.MaxPool2d if len(size) == 2 else nn.MaxPool1d
+        batch_norm = nn.BatchNorm2d if len(size) == 2 else nn.BatchNorm1d
         for width in params.channels:
-            blocks += [conv(channels, width, kernel_size=3, padding=1), nn.ReLU()]
+            norm = batch_norm(width) if params.norm == "batch" else None
+            blocks += _normalized(conv(channels, width, kernel_size=3, padding=1), norm)
             if min(size) >= 2:
                 blocks.append(pool(2))
                 size = [s // 2 for s in size]
