@@ -285,3 +285,25 @@ def test_fedavg_with_fedheal_resumes_exactly(tmp_path):
     assert run_config(validate(data), tmp_path / "cut", stop_after=2) is None
     resumed = resume(tmp_path / "cut")["fedavg+fedheal"]
     assert resumed["tasks"] == full["tasks"] and resumed["bytes_up"] == full["bytes_up"]
+
+
+def test_fedheal_falls_back_to_unmasked_weights_where_the_masked_weights_sum_to_zero():
+    """The authors' fallback is on the weights: an entry kept only by an update its host weighs 0 (FedGA clips
+    weights to 0) takes the unmasked weights, so the host never divides by zero there."""
+    from manytask.methods.plugins.fedheal import masked_weights
+
+    masks = [{"w": torch.tensor([1.0, 0.0, 0.0])}, {"w": torch.tensor([0.0, 1.0, 0.0])}]
+    weights = masked_weights([{"w": 0.0}, {"w": 2.0}], masks)
+    # entry 0: kept by the weight-0 update only -> unmasked (0, 2); entry 1: (0, 2); entry 2: kept by none -> (0, 2)
+    assert torch.equal(weights[0]["w"], torch.zeros(3)) and torch.equal(weights[1]["w"], torch.full((3,), 2.0))
+    masks = [{"w": torch.tensor([1.0, 0.0])}, {"w": torch.tensor([1.0, 1.0])}]
+    weights = masked_weights([{"w": 1.0}, {"w": 3.0}], masks)
+    assert torch.equal(weights[0]["w"], torch.tensor([1.0, 0.0]))
+    assert torch.equal(weights[1]["w"], torch.tensor([3.0, 3.0]))
+
+
+def test_a_key_whose_per_entry_weights_are_all_zero_is_left_out_like_a_zero_float_weight():
+    updates = [{"a": torch.ones(2), "b": torch.ones(2)}]
+    assert set(weighted_average(updates, [{"a": torch.zeros(2), "b": 0.0}])) == set()
+    with pytest.raises(ValueError, match="sum to zero at some entries"):
+        weighted_average(updates, [{"a": torch.tensor([0.0, 1.0]), "b": 1.0}])

@@ -25,8 +25,8 @@ def weighted_average(
 ) -> dict[str, Tensor]:
     """θ_k = Σ_n w_{n,k} θ_{n,k} / Σ_n w_{n,k} for every key k, over the updates that contain k (so weights are
     renormalized per key, and per entry when a weight is a tensor). Sums run in float64, in the order given:
-    callers pass updates sorted by client id for reproducible sums. A key whose weights sum to zero is left out;
-    per-entry weights must sum to more than zero at every entry."""
+    callers pass updates sorted by client id for reproducible sums. A key whose weights sum to zero (at every
+    entry) is left out; per-entry weights that sum to zero at only some entries are an error."""
     sums: dict[str, Tensor] = {}
     totals: dict[str, Weight] = {}
     dtypes: dict[str, torch.dtype] = {}
@@ -42,6 +42,7 @@ def weighted_average(
 def _positive(key: str, total: Weight) -> bool:
     if not isinstance(total, Tensor) or total.dim() == 0:
         return bool(total > 0)
-    if not bool((total > 0).all()):
+    positive = total > 0
+    if bool(positive.any()) and not bool(positive.all()):
         raise ValueError(f"per-entry weights of '{key}' sum to zero at some entries")
-    return True
+    return bool(positive.all())

@@ -8,7 +8,8 @@ Diversity"), a plug-in over any host; FedDEA's comparison. Two server-side parts
   δ_n ← (1 − β)·δ_n^prev + β·d_n / Σ d, w_n ← w_n^prev + δ_n (w^prev starts at 1 / number of updates),
   p_n = w_n / Σ w over this round's updates.
 The host aggregates reference + Δ̂_n with per-entry weights host_weight × p_n × mask_n, or host_weight × p_n where
-every update's mask is 0 (the authors' fallback; Δ̂ is 0 there anyway). Buffers are untouched.
+those sum to 0 over the updates (the authors' fallback, on the weights: no update is kept there, or only updates
+the host gives weight 0, e.g. FedGA's clipped clients; Δ̂ is 0 there anyway). Buffers are untouched.
 
 Choices: c_n counts the client's participations, where the authors' code (`yuhangchen0/FedHEAL`,
 models/utils/federated_model.py) uses the round index, which is the same under full participation; defaults
@@ -65,6 +66,18 @@ def masked_norm_sum(masked: dict[str, Tensor]) -> float:
     return sum(float(torch.linalg.vector_norm(v.double())) for v in masked.values())
 
 
+def masked_weights(weights: list[dict[str, Tensor | float]], masks: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+    """Per update and key, weight × mask, except at entries where those sum to 0 over the updates holding the key:
+    there the unmasked weight (FedHEAL's fallback)."""
+    masked = [{k: w[k] * m for k, m in mask.items()} for w, mask in zip(weights, masks, strict=True)]
+    totals: dict[str, Tensor] = {}
+    for update in masked:
+        for key, value in update.items():
+            totals[key] = totals[key] + value if key in totals else value
+    return [{k: torch.where(totals[k] > 0, v, weights[n][k] * torch.ones_like(v)) for k, v in update.items()}
+            for n, update in enumerate(masked)]
+
+
 class FedhealServer(PluginServer[FedhealParams]):
     """Masks every update by its client's consistency history and reweights it for fairness before the host's
     rule; history, counts and weights live in `self.state` (checkpointed)."""
@@ -75,11 +88,10 @@ class FedhealServer(PluginServer[FedhealParams]):
         masks = [self.mask_and_record(slot, d) for slot, d in zip(slots, deltas, strict=True)]
         masked = [{k: m * d[k] for k, m in mask.items()} for d, mask in zip(deltas, masks, strict=True)]
         shares = self.shares(slots, [masked_norm_sum(m) for m in masked])
-        kept_anywhere = self.kept_anywhere(masks)
-        return [
-            self.reweighted(u.with_deltas(m), mask, share, kept_anywhere)
-            for u, m, mask, share in zip(updates, masked, masks, shares, strict=True)
-        ]
+        plain = [{k: u.weights[k] * share for k in mask} for u, mask, share in zip(updates, masks, shares, strict=True)]
+        weights = masked_weights(plain, masks)
+        return [replace(u.with_deltas(m), weights={**u.weights, **w})
+                for u, m, w in zip(updates, masked, weights, strict=True)]
 
     @staticmethod
     def slot(update: Update) -> str:
@@ -108,22 +120,6 @@ class FedhealServer(PluginServer[FedhealParams]):
         for slot, weight, step in zip(slots, weights, steps, strict=True):
             self.state[f"weight/{slot}"], self.state[f"step/{slot}"] = weight.clone(), step.clone()
         return p.tolist()
-
-    @staticmethod
-    def kept_anywhere(masks: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-        """Per key, the entries that at least one update's mask keeps."""
-        kept: dict[str, Tensor] = {}
-        for mask in masks:
-            for key, m in mask.items():
-                kept[key] = kept[key] | (m > 0) if key in kept else m > 0
-        return kept
-
-    @staticmethod
-    def reweighted(update: Update, mask: dict[str, Tensor], share: float, kept_anywhere: dict[str, Tensor]) -> Update:
-        """host weight × p_n × mask per parameter entry, host weight × p_n where no update keeps the entry."""
-        weights = {key: update.weights[key] * share * torch.where(kept_anywhere[key], m, torch.ones_like(m))
-                   for key, m in mask.items()}
-        return replace(update, weights={**update.weights, **weights})
 
 
 register_plugin(
