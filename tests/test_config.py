@@ -87,6 +87,9 @@ def test_plugins_cross_every_method_entry():
     assert [method_label(m) for m in config.methods] == [
         "fedavg", "fedavg+dea", "fedavg+fedheal", "prox", "prox+dea", "prox+fedheal"]
     assert config.for_method(config.methods[2]).plugins is None
+    ablation = validate(small_config_dict(method="fedavg", plugins=[
+        {"name": "dea", "rho": 0.3}, {"name": "dea", "rho": 0.3, "rescale": False, "label": "dea-plain"}]))
+    assert [method_label(m) for m in ablation.methods] == ["fedavg+dea", "fedavg+dea-plain"]
 
 
 @pytest.mark.parametrize(("method", "message"), [

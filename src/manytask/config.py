@@ -133,7 +133,7 @@ def with_plugin(entry: Named, plugin: Named | None) -> Named:
         return entry
     crossed = {**entry, PLUGIN: plugin}
     if entry.get("label"):
-        crossed["label"] = f"{entry['label']}+{plugin['name']}"
+        crossed["label"] = f"{entry['label']}+{plugin_label(plugin)}"
     return crossed
 
 
@@ -164,8 +164,13 @@ def method_label(method: Named) -> str:
     """The entry's `label`, else its name, with `+<plug-in>` when it has one (`fedprox+dea`)."""
     if method.get("label"):
         return str(method["label"])
-    plugin = split_plugin(method)
-    return str(method["name"]) + ("" if plugin is None else f"+{plugin[0]}")
+    plugin = method.get(PLUGIN)
+    return str(method["name"]) + ("" if plugin is None else f"+{plugin_label(_named(plugin, 'name'))}")
+
+
+def plugin_label(plugin: Named) -> str:
+    """A plug-in entry's `label`, else its name (`dea`; `{name: dea, rescale: false, label: dea-plain}`)."""
+    return str(plugin.get("label") or plugin["name"])
 
 
 def split_method(method: Named) -> tuple[str, dict[str, Any]]:
@@ -184,7 +189,7 @@ def split_plugin(method: Named) -> tuple[str, dict[str, Any]] | None:
         entry = _named(plugin, "name")
     except ValueError:
         raise ValueError(f"method '{method['name']}': 'plugin' must be a name or a mapping with a 'name'") from None
-    return entry["name"], {k: v for k, v in entry.items() if k != "name"}
+    return entry["name"], {k: v for k, v in entry.items() if k not in ("name", "label")}
 
 
 def default_config() -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from manytask.config import split_plugin
+from manytask.config import plugin_label, split_plugin
 from manytask.experiment import Experiment
 
 
@@ -31,6 +31,7 @@ def build_summary(experiment: Experiment, rows: list[dict[str, Any]], wall_secon
         "label": experiment.label,
         "method_params": experiment.method_params.model_dump(mode="json"),
         "plugin": None if experiment.plugin_params is None else split_plugin(config.method)[0],
+        "plugin_label": None if experiment.plugin_params is None else plugin_label(config.method["plugin"]),
         "plugin_params": None if experiment.plugin_params is None else experiment.plugin_params.model_dump(mode="json"),
         "benchmark": config.benchmark["name"],
         "seed": config.seed,

@@ -47,9 +47,9 @@ def plugin_table(records: Sequence[RunRecord]) -> tuple[list[str], list[list[str
              if (host := host_of(record, records)) is not None]
     if not pairs:
         return None
-    plugins = list(dict.fromkeys(record.summary["plugin"] for record, _ in pairs))
+    plugins = list(dict.fromkeys(_plugin(record) for record, _ in pairs))
     hosts = list(dict.fromkeys(host.label for _, host in pairs))
-    by_host = {label: {r.summary["plugin"]: r for r, h in pairs if h.label == label} for label in hosts}
+    by_host = {label: {_plugin(r): r for r, h in pairs if h.label == label} for label in hosts}
     host_records = {host.label: host for _, host in pairs}
     headers = ["host", "average", *(f"+{p} Δ%" for p in plugins), "upload/round",
                *(f"+{p} upload/round" for p in plugins)]
@@ -61,6 +61,11 @@ def plugin_table(records: Sequence[RunRecord]) -> tuple[list[str], list[list[str
         average = format_metric(host.summary.get("average"), "accuracy" if all_accuracy([host]) else "mse")
         rows.append([label, average, *deltas, human_bytes(upload_per_round(host)), *uploads])
     return headers, rows
+
+
+def _plugin(record: RunRecord) -> str:
+    """The plug-in column of a run: its plug-in entry's label, else the plug-in's name."""
+    return str(record.summary.get("plugin_label") or record.summary["plugin"])
 
 
 def _signed(value: float | None) -> str:
