@@ -30,6 +30,7 @@ from manytask.methods.common.wire import LOSS_PREFIX, fit_scalars, mean_train_lo
 from manytask.models.multitask import (
     ROLE_HEAD_PREFIX,
     MultiTaskModel,
+    is_buffer,
     load_state,
     state_keys,
     task_of_key,
@@ -248,6 +249,11 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         """FedAvg: θ_k ← Σ_n w_{n,k} θ_{n,k} / Σ_n w_{n,k} over the copies that trained k."""
         self.global_state.update(weighted_average([u.trained for u in updates], [u.weights for u in updates]))
         return {}
+
+    def average_buffers(self, updates: list[Update]) -> None:
+        """Buffers (BN statistics) take FedAvg's weighted average, whatever rule a host applies to parameters."""
+        buffers = [{k: v for k, v in u.trained.items() if is_buffer(k)} for u in updates]
+        self.global_state.update(weighted_average(buffers, [u.weights for u in updates]))
 
     def evaluate(self, test: TaskData) -> Metrics | None:
         """The global model per task; None (clients evaluate their own models) when parameters stay local."""

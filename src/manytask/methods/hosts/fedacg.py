@@ -71,7 +71,7 @@ class FedAcgServer(HostServer):
     def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
         theta, momentum = momentum_step(self.global_state, self.parts["momentum"], [u.deltas() for u in updates],
                                         [u.weights for u in updates], self.params.lam)
-        super().aggregate_updates(round_index, updates)  # FedAvg's average, kept for the buffers only
+        self.average_buffers(updates)
         self.global_state.update(theta)
         self.parts["momentum"].update(momentum)
         return {}

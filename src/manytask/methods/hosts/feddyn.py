@@ -122,7 +122,7 @@ class FedDynServer(HostServer):
         theta, h = dynamic_server_step(
             self.global_state, self.parts["h"], deltas, [u.weights for u in updates], holders, self.params.alpha
         )
-        super().aggregate_updates(round_index, updates)  # FedAvg's average, kept for the buffers only
+        self.average_buffers(updates)
         self.global_state.update(theta)
         self.parts["h"].update(h)
         return {}

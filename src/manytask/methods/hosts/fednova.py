@@ -55,9 +55,8 @@ class FedNovaServer(FedAvgServer):
         step = normalized_step(
             [u.deltas() for u in updates], [u.weights for u in updates], [self.normalizing_factor(u) for u in updates]
         )
-        parameters = apply(self.global_state, step)
-        super().aggregate_updates(round_index, updates)  # FedAvg's average, kept for the buffers only
-        self.global_state.update(parameters)
+        self.average_buffers(updates)
+        self.global_state.update(apply(self.global_state, step))
         return {}
 
 
