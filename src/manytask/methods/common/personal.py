@@ -30,6 +30,17 @@ def only_task(setup: Setup, client: int, method: str) -> str:
     return tasks[0]
 
 
+def check_shared_head(setup: Setup, who: str = "shared_head") -> None:
+    """One head shared by every client (whole models compared or averaged across clients) needs one task per
+    client and one head shape for every task."""
+    for client, tasks in setup.holdings.items():
+        if len(tasks) != 1:
+            raise ManytaskError(f"{who} needs one task per client; client {client} holds {len(tasks)}.")
+    outputs = sorted({spec.num_outputs for spec in setup.specs.values()})
+    if len(outputs) > 1:
+        raise ManytaskError(f"{who} needs every task to have the same number of outputs; got {outputs}.")
+
+
 def personal_model(setup: Setup, *layers: Mapping[str, Tensor]) -> MultiTaskModel:
     """The initial model overlaid with `layers` in order, later ones winning (e.g. a starting point, the client's
     state, then what the server sent it). A key the model does not have is an error, not silently dropped."""

@@ -21,10 +21,10 @@ from torch import Tensor, nn
 
 from manytask.client.optimizers import OptimizerFactory
 from manytask.client.trainer import TaskData, TrainHook, evaluate
-from manytask.errors import ManytaskError
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
+from manytask.methods.common.personal import check_shared_head
 from manytask.methods.common.updates import Update, copy_groups, copy_key, reference_key
 from manytask.methods.common.wire import LOSS_PREFIX, fit_scalars, mean_train_losses, task_sizes
 from manytask.models.multitask import (
@@ -50,17 +50,6 @@ class HostParams(Params):
     shared_head: bool = Field(
         default=False, description="one-task clients over one label space share ONE head (one global model)"
     )
-
-
-def check_shared_head(setup: Setup, who: str = "shared_head") -> None:
-    """One head shared by every client (whole models compared or averaged across clients) needs one task per
-    client and one head shape for every task."""
-    for client, tasks in setup.holdings.items():
-        if len(tasks) != 1:
-            raise ManytaskError(f"{who} needs one task per client; client {client} holds {len(tasks)}.")
-    outputs = sorted({spec.num_outputs for spec in setup.specs.values()})
-    if len(outputs) > 1:
-        raise ManytaskError(f"{who} needs every task to have the same number of outputs; got {outputs}.")
 
 
 @dataclass

@@ -22,9 +22,14 @@ from torch import Tensor
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
 from manytask.methods.common.laplacian import laplacian_step
-from manytask.methods.common.personal import PerClientPayloadServer, graph_steps, only_task, personal_model
+from manytask.methods.common.personal import (
+    PerClientPayloadServer,
+    check_shared_head,
+    graph_steps,
+    only_task,
+    personal_model,
+)
 from manytask.methods.common.wire import fit_scalars, mean_train_losses
-from manytask.methods.hosts.base import check_shared_head
 from manytask.methods.registry import PERSONALIZED, register_method
 from manytask.models.multitask import MultiTaskModel, to_role, to_task, trainable_state
 from manytask.registry import Params

@@ -25,10 +25,10 @@ from torch import Tensor, nn
 from manytask.client.trainer import TaskData, shuffled_batches
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Metrics, Setup
-from manytask.methods.common.personal import only_task, personal_model
+from manytask.methods.common.personal import check_shared_head, only_task, personal_model
 from manytask.methods.common.updates import Update
 from manytask.methods.common.wire import fit_scalars
-from manytask.methods.hosts.base import HostServer, check_shared_head
+from manytask.methods.hosts.base import HostServer
 from manytask.methods.registry import PERSONALIZED, register_method
 from manytask.models.multitask import MultiTaskModel, to_role, to_task, trainable_state
 from manytask.registry import Params
