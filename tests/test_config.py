@@ -69,11 +69,13 @@ def test_bad_method_train_overrides_are_one_clear_sentence(train, message):
 
 
 def test_a_plugin_wraps_a_host_and_labels_it():
+    from manytask.config import method_label
     from manytask.run import plan
 
     config = validate(small_config_dict(method={"name": "fedprox", "mu": 0.01, "plugin": {"name": "dea", "rho": 0.3}}))
     (experiment,) = plan(config)
     assert experiment.label == "fedprox+dea" and experiment.plugin_params.rho == 0.3
+    assert method_label({"name": "fedavg", "plugin": "pcgrad"}) == "fedavg+pcgrad"
     assert type(experiment.client_program().host).__name__ == "FedProxClient"
     assert type(experiment.server_program().host).__name__ == "FedAvgServer"
 

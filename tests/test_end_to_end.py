@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,12 @@ def _manytask(*args: str) -> list[str]:
     return [sys.executable, "-m", "manytask.cli", *args]
 
 
+def _deliver_sigint() -> None:
+    """Start the CLI the way a terminal does, with SIGINT delivered: a test run as a background job of a script
+    (CI, `make test &`) inherits SIGINT ignored, and the CLI would then never see its Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_then_resume_gives_the_uninterrupted_numbers(tmp_path):
     """A real SIGINT to the CLI process, delivered right after round 3 is checkpointed (a hook the CLI honours, so
     no timer races the run), stops it with exit code 130; `--resume` then ends with the uninterrupted numbers."""
@@ -59,7 +66,8 @@ def test_ctrl_c_then_resume_gives_the_uninterrupted_numbers(tmp_path):
     config.write_text(yaml.safe_dump(small_config_dict(rounds=8, train={"lr": 0.05, "local_epochs": 1})))
     run_dir = tmp_path / "cut"
     cut = subprocess.run(_manytask("run", str(config), "--out", str(run_dir), "--quiet"), capture_output=True,
-                         text=True, timeout=300, env={**os.environ, SIGINT_AFTER_ROUND: "3"})
+                         text=True, timeout=300, env={**os.environ, SIGINT_AFTER_ROUND: "3"},
+                         preexec_fn=_deliver_sigint)
     assert cut.returncode == 130, cut.stderr
     assert "--resume" in cut.stderr
     assert not (run_dir / "summary.json").exists()

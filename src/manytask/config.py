@@ -133,7 +133,7 @@ def with_plugin(entry: Named, plugin: Named | None) -> Named:
         return entry
     crossed = {**entry, PLUGIN: plugin}
     if entry.get("label"):
-        crossed["label"] = f"{entry['label']}+{plugin_label(plugin)}"
+        crossed["label"] = f"{entry['label']}+{plugin_label(crossed)}"
     return crossed
 
 
@@ -164,13 +164,18 @@ def method_label(method: Named) -> str:
     """The entry's `label`, else its name, with `+<plug-in>` when it has one (`fedprox+dea`)."""
     if method.get("label"):
         return str(method["label"])
+    plugin = plugin_label(method)
+    return str(method["name"]) + ("" if plugin is None else f"+{plugin}")
+
+
+def plugin_label(method: Named) -> str | None:
+    """The label of a method entry's plug-in: its `label`, else its name (`plugin: dea`; `plugin: {name: dea,
+    rescale: false, label: dea-plain}`); None without a plug-in."""
     plugin = method.get(PLUGIN)
-    return str(method["name"]) + ("" if plugin is None else f"+{plugin_label(_named(plugin, 'name'))}")
-
-
-def plugin_label(plugin: Named) -> str:
-    """A plug-in entry's `label`, else its name (`dea`; `{name: dea, rescale: false, label: dea-plain}`)."""
-    return str(plugin.get("label") or plugin["name"])
+    if plugin is None:
+        return None
+    entry = _named(plugin, "name")
+    return str(entry.get("label") or entry["name"])
 
 
 def split_method(method: Named) -> tuple[str, dict[str, Any]]:

@@ -31,7 +31,7 @@ def build_summary(experiment: Experiment, rows: list[dict[str, Any]], wall_secon
         "label": experiment.label,
         "method_params": experiment.method_params.model_dump(mode="json"),
         "plugin": None if experiment.plugin_params is None else split_plugin(config.method)[0],
-        "plugin_label": None if experiment.plugin_params is None else plugin_label(config.method["plugin"]),
+        "plugin_label": plugin_label(config.method),
         "plugin_params": None if experiment.plugin_params is None else experiment.plugin_params.model_dump(mode="json"),
         "benchmark": config.benchmark["name"],
         "seed": config.seed,
