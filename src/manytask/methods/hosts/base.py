@@ -13,7 +13,7 @@ runs) and through the client's reply (methods/plugins/base.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import Field
@@ -125,9 +125,10 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         tensors = {} if payload is None else payload.tensors()
         return to_task(tensors, *ctx.data) if self.params.shared_head else tensors
 
-    def copies(self, ctx: ClientContext, received: dict[str, Tensor]) -> list[TrainedCopy]:
+    def copies(self, ctx: ClientContext, received: dict[str, Tensor]) -> Iterator[TrainedCopy]:
+        """The copies to train, built one at a time (one per held task with `per_task`)."""
         groups = [[t] for t in ctx.data] if self.params.per_task else [list(ctx.data)]
-        return [self.start(ctx, received, tasks) for tasks in groups]
+        return (self.start(ctx, received, tasks) for tasks in groups)
 
     def start(self, ctx: ClientContext, received: dict[str, Tensor], tasks: list[str]) -> TrainedCopy:
         """A copy built from what was sent, with the client's local parameters (if any) over it."""
