@@ -111,5 +111,5 @@ def test_a_server_may_ask_every_client_then_the_engine_samples(tmp_path):
 
 def test_a_server_asking_for_a_client_that_does_not_exist_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(EveryClientFirstServer, "participants", lambda self, r, sampled: [0, 9])
-    with pytest.raises(ManytaskError, match=r"asked for clients \[0, 9\]"):
+    with pytest.raises(ManytaskError, match=r"asked for clients \[9\], which this 4-client federation does not"):
         run_config(validate(small_config_dict(method="test-every-client-first")), tmp_path / "r")

@@ -129,10 +129,13 @@ class RoundLoop:
     def _participants(self, round_index: int, sampled: list[int]) -> list[int]:
         """The engine's sample, or the clients the server asks for instead (sorted, each once)."""
         chosen = self.server.participants(round_index, list(sampled))
-        unknown = sorted(set(chosen) - set(range(self.exp.federation.num_clients)))
-        if unknown or not chosen:
-            raise ManytaskError(f"round {round_index + 1}: the server asked for clients {sorted(chosen)}, which are "
-                                f"not clients of this {self.exp.federation.num_clients}-client federation.")
+        clients = self.exp.federation.num_clients
+        unknown = sorted(set(chosen) - set(range(clients)))
+        if unknown:
+            raise ManytaskError(f"round {round_index + 1}: the server asked for clients {unknown}, which this "
+                                f"{clients}-client federation does not have.")
+        if not chosen:
+            raise ManytaskError(f"round {round_index + 1}: the server asked for no clients.")
         return sorted(set(chosen))
 
     def _check_enough(self, round_index: int, sampled: int, outcome: FitOutcome) -> None:
