@@ -181,3 +181,27 @@ def test_local_work_in_steps_and_epochs():
     assert trainer.epochs_for({"a": 50, "b": 20}) == pytest.approx(6 / 4)  # 4 batches of the largest task
     by_epochs = Trainer(TrainConfig(local_epochs=3, batch_size=16), SPECS)
     assert by_epochs.steps_for({"a": 50}) == 12 and by_epochs.epochs_for({"a": 50}) == 3.0
+
+
+def test_a_host_client_passes_its_loss_combiner_to_the_trainer():
+    """A host that weighs its tasks (GradNorm's learned weights) overrides `combine`, not the loop: with L_b
+    weighted 0, b's head never moves."""
+    from manytask.config import validate
+    from manytask.experiment import Experiment
+    from manytask.methods.base import ClientContext
+    from manytask.methods.hosts.fedavg import FedAvgClient
+    from tests.conftest import small_config_dict
+
+    class FirstTaskOnly(FedAvgClient):
+        def combine(self, ctx, copy):
+            first = copy.tasks[0]
+            return lambda step: sum(loss * (task == first) for task, loss in step.losses.items())
+
+    exp = Experiment.build(validate(small_config_dict(federation={"num_clients": 1, "tasks": {"kind": "all"}})))
+    client = FirstTaskOnly(exp.setup, exp.method_params)
+    payload = exp.server_program().configure_fit(0, [0])[0]
+    reply = client.fit(ClientContext(0, 0, exp.client_data(0), seed=1), payload)
+    tasks = list(exp.client_data(0))
+    for task in tasks[1:]:
+        assert torch.equal(reply.tensor(f"heads.{task}.weight"), payload.tensor(f"heads.{task}.weight"))
+    assert not torch.equal(reply.tensor(f"heads.{tasks[0]}.weight"), payload.tensor(f"heads.{tasks[0]}.weight"))
