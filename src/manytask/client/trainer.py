@@ -23,6 +23,7 @@ from manytask.client.optimizers import OptimizerFactory, config_optimizer
 from manytask.client.schedules import Schedule, scheduled_lr
 from manytask.registry import Params
 from manytask.seeding import torch_generator
+from manytask.tasks.predictions import record_prediction
 from manytask.tasks.task import TaskSpec
 
 
@@ -174,11 +175,12 @@ def shuffled_batches(x: Tensor, y: Tensor, batch_size: int, seed: int, task: str
 
 @torch.no_grad()
 def evaluate(model: nn.Module, spec: TaskSpec, x: Tensor, y: Tensor, batch_size: int = 512) -> dict[str, float]:
-    """The task's metrics of `model` on (x, y), averaged over samples."""
+    """The task's metrics of `model` on (x, y) over the whole set (means over samples, or dataset-level metrics
+    such as mIoU and odsF for dense tasks)."""
     model.eval()
-    sums: dict[str, float] = {}
+    meter = spec.meter()
     for start in range(0, len(y), batch_size):
-        batch = spec.batch_metrics(model(x[start : start + batch_size], spec.name), y[start : start + batch_size])
-        for key, value in batch.items():
-            sums[key] = sums.get(key, 0.0) + value
-    return {key: value / len(y) for key, value in sums.items()}
+        outputs = model(x[start : start + batch_size], spec.name)
+        meter.update(outputs, y[start : start + batch_size])
+        record_prediction(spec, x[start : start + batch_size], y[start : start + batch_size], outputs)
+    return meter.result()

@@ -9,52 +9,157 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from manytask.tasks.dense_losses import dense_loss
+from manytask.tasks.dense_metrics import (
+    DepthMeter,
+    L1Meter,
+    Meter,
+    NormalsMeter,
+    SegmentationMeter,
+    edge_meter,
+    saliency_meter,
+)
+
 
 class TaskKind(str, Enum):
     CLASSIFICATION = "classification"
     REGRESSION = "regression"
+    # Dense kinds: outputs (N, C, H, W) at the input's resolution; targets per kind (see `tasks/dense_losses.py`).
+    SEGMENTATION = "segmentation"
+    DEPTH = "depth"
+    NORMALS = "normals"
+    EDGES = "edges"
+    SALIENCY = "saliency"
+    HEATMAP = "heatmap"
+    RECONSTRUCTION = "reconstruction"
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    """How a kind is scored: its main metric (first of `metrics`) and whether higher is better."""
+
+    metrics: tuple[str, ...]
+    higher_is_better: bool
+    dense: bool = True
+
+
+KINDS: dict[TaskKind, KindInfo] = {
+    TaskKind.CLASSIFICATION: KindInfo(("accuracy", "loss"), True, dense=False),
+    TaskKind.REGRESSION: KindInfo(("mse", "loss"), False, dense=False),
+    TaskKind.SEGMENTATION: KindInfo(("miou", "pixel_accuracy", "loss"), True),
+    TaskKind.DEPTH: KindInfo(("rmse", "mae", "loss"), False),
+    TaskKind.NORMALS: KindInfo(
+        ("mean_angle", "median_angle", "within_11_25", "within_22_5", "within_30", "loss"), False
+    ),
+    TaskKind.EDGES: KindInfo(("odsf", "odsf_threshold", "loss"), True),
+    TaskKind.SALIENCY: KindInfo(("maxf", "maxf_threshold", "loss"), True),
+    TaskKind.HEATMAP: KindInfo(("l1", "loss"), False),
+    TaskKind.RECONSTRUCTION: KindInfo(("l1", "loss"), False),
+}
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What a model needs to know about a task (no data): its name, kind and output size."""
+    """What a model needs to know about a task (no data): its name, kind and output size (classes, or the
+    channels of a dense output)."""
 
     name: str
     kind: TaskKind
     num_outputs: int
 
+    @property
+    def is_dense(self) -> bool:
+        """Whether the task predicts a map at the input's resolution (a decoder head) rather than a vector."""
+        return KINDS[self.kind].dense
+
     def loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
-        """Mean loss of a batch: cross-entropy for classification, MSE for regression."""
+        """Mean loss of a batch: cross-entropy for classification, MSE for regression, the kind's loss for dense
+        tasks."""
         if self.kind is TaskKind.CLASSIFICATION:
             return F.cross_entropy(outputs, targets)
-        return F.mse_loss(outputs, targets.view_as(outputs))
+        if self.kind is TaskKind.REGRESSION:
+            return F.mse_loss(outputs, targets.view_as(outputs))
+        return dense_loss(self.kind, outputs, targets)
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        return ("accuracy", "loss") if self.kind is TaskKind.CLASSIFICATION else ("mse", "loss")
+        return KINDS[self.kind].metrics
 
     @property
     def main_metric(self) -> str:
-        """The metric tables and averages use; higher is better for accuracy, lower for mse."""
+        """The metric tables and averages use (accuracy, mse, miou, rmse, mean_angle, odsf, maxf, l1)."""
         return self.metric_names[0]
 
     @property
     def higher_is_better(self) -> bool:
-        """Whether a larger main metric is better (accuracy) or worse (mse): the sign s_t of a Δ%."""
-        return self.kind is TaskKind.CLASSIFICATION
+        """Whether a larger main metric is better (accuracy, mIoU, F) or worse (errors): the sign s_t of a Δ%."""
+        return KINDS[self.kind].higher_is_better
 
     @property
     def chance(self) -> float | None:
-        """Accuracy of a uniform guess (a floor for 'learned something'); None for regression."""
+        """Accuracy of a uniform guess (a floor for 'learned something'); None for other kinds."""
         return 1.0 / self.num_outputs if self.kind is TaskKind.CLASSIFICATION else None
 
-    def batch_metrics(self, outputs: Tensor, targets: Tensor) -> dict[str, float]:
-        """Sums over the batch (not means), so batches can be added up and divided once."""
-        loss_sum = float(self.loss(outputs, targets)) * len(targets)
+    def meter(self) -> TaskMeter:
+        """A fresh accumulator of this task's metrics over a whole test set."""
+        return TaskMeter(self, _kind_meter(self))
+
+
+class TaskMeter:
+    """Accumulates a task's metrics batch by batch; `result()` gives them for everything seen. Metrics that need
+    the whole test set (mIoU from a confusion matrix, odsF at one threshold for the dataset) keep sufficient
+    statistics, so the batch size never changes a number."""
+
+    def __init__(self, spec: TaskSpec, inner: Meter) -> None:
+        self.spec = spec
+        self.inner = inner
+        self.loss_sum = 0.0
+        self.count = 0
+
+    def update(self, outputs: Tensor, targets: Tensor) -> None:
+        self.loss_sum += float(self.spec.loss(outputs, targets)) * len(targets)
+        self.count += len(targets)
+        self.inner.update(outputs, targets)
+
+    def result(self) -> dict[str, float]:
+        return {**self.inner.result(), "loss": self.loss_sum / max(self.count, 1)}
+
+
+class _SampleMeter(Meter):
+    """Classification accuracy or regression MSE: means over samples."""
+
+    def __init__(self, kind: TaskKind) -> None:
+        self.kind = kind
+        self.total = 0.0
+        self.count = 0
+
+    def update(self, outputs: Tensor, targets: Tensor) -> None:
         if self.kind is TaskKind.CLASSIFICATION:
-            correct = float((outputs.argmax(dim=1) == targets).sum())
-            return {"accuracy": correct, "loss": loss_sum}
-        return {"mse": loss_sum, "loss": loss_sum}
+            self.total += float((outputs.argmax(dim=1) == targets).sum())
+        else:
+            self.total += float(F.mse_loss(outputs, targets.view_as(outputs))) * len(targets)
+        self.count += len(targets)
+
+    def result(self) -> dict[str, float]:
+        name = "accuracy" if self.kind is TaskKind.CLASSIFICATION else "mse"
+        return {name: self.total / max(self.count, 1)}
+
+
+def _kind_meter(spec: TaskSpec) -> Meter:
+    kind = spec.kind
+    if kind in (TaskKind.CLASSIFICATION, TaskKind.REGRESSION):
+        return _SampleMeter(kind)
+    if kind is TaskKind.SEGMENTATION:
+        return SegmentationMeter(spec.num_outputs)
+    if kind is TaskKind.DEPTH:
+        return DepthMeter()
+    if kind is TaskKind.NORMALS:
+        return NormalsMeter()
+    if kind is TaskKind.EDGES:
+        return edge_meter()
+    if kind is TaskKind.SALIENCY:
+        return saliency_meter()
+    return L1Meter()
 
 
 @dataclass
@@ -72,7 +177,7 @@ class Task:
     def __post_init__(self) -> None:
         if len(self.x_train) != len(self.y_train) or len(self.x_test) != len(self.y_test):
             raise ValueError(f"task '{self.name}': inputs and targets differ in length")
-        if self.spec.kind is TaskKind.CLASSIFICATION:
+        if self.spec.kind in (TaskKind.CLASSIFICATION, TaskKind.SEGMENTATION):
             self.y_train = self.y_train.long()
             self.y_test = self.y_test.long()
 
@@ -90,7 +195,7 @@ class Task:
 
     @property
     def labels(self) -> Tensor | None:
-        """Training labels for label-based partitioners (None for regression)."""
+        """Training labels for label-based partitioners (None for regression and dense tasks)."""
         return self.y_train if self.spec.kind is TaskKind.CLASSIFICATION else None
 
 
@@ -103,3 +208,14 @@ def classification_task(
         num_classes = int(torch.cat([y_train, y_test]).max()) + 1
     spec = TaskSpec(name, TaskKind.CLASSIFICATION, num_classes)
     return Task(spec, x_train.float(), y_train, x_test.float(), y_test, description=description)
+
+
+def dense_task(
+    name: str, kind: TaskKind, x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, num_outputs: int,
+    description: str = "",
+) -> Task:
+    """A dense task: inputs (N, C, H, W) images, targets per the kind's contract (`tasks/dense_losses.py`)."""
+    spec = TaskSpec(name, TaskKind(kind), num_outputs)
+    if not spec.is_dense:
+        raise ValueError(f"task '{name}': {kind} is not a dense kind")
+    return Task(spec, x_train, y_train, x_test, y_test, description=description)
