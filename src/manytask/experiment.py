@@ -18,6 +18,7 @@ from manytask.methods import METHODS, PLUGINS, ClientProgram, MethodDef, ServerP
 from manytask.methods.registry import PluginDef
 from manytask.models import BACKBONES
 from manytask.models.adapters import LoraParams
+from manytask.models.decoders import DecoderParams
 from manytask.pretrain import Pretrained, PretrainParams, pretrained_backbone
 from manytask.registry import Params, describe_validation_error
 
@@ -58,7 +59,7 @@ class Experiment:
             specs=benchmark.specs, input_shape=benchmark.input_shape, backbone=model.backbone,
             backbone_params=model.backbone_params, train=config.train, seed=config.seed, rounds=config.rounds,
             holdings=federation.sizes(), adapter=model.adapter_settings(),
-            pretrained=None if pretrained is None else str(pretrained.path),
+            pretrained=None if pretrained is None else str(pretrained.path), decoder=model.decoder_settings(),
         )
         description = None if pretrained is None else pretrained.description
         return cls(config, method_label(config.method), name, method, params, benchmark, federation, setup,
@@ -109,9 +110,10 @@ def make_federation(config: RunConfig, benchmark: Benchmark, pooled: bool) -> Fe
 
 
 class ModelConfig:
-    """`model:` = a backbone name and its parameters, plus `adapter` (LoRA), `pretrained` and `pretrain`."""
+    """`model:` = a backbone name and its parameters, plus `adapter` (LoRA), `pretrained`, `pretrain` and
+    `decoder` (the dense decoders' params)."""
 
-    EXTRA = ("backbone", "adapter", "pretrained", "pretrain")
+    EXTRA = ("backbone", "adapter", "pretrained", "pretrain", "decoder")
 
     def __init__(self, **values: Any) -> None:
         self.backbone = values["backbone"]
@@ -121,6 +123,10 @@ class ModelConfig:
         self.adapter = None if adapter is None else _parse(LoraParams, adapter, "model.adapter")
         self.pretrained = bool(values.get("pretrained", False))
         self.pretrain = _parse(PretrainParams, values.get("pretrain") or {}, "model.pretrain")
+        self.decoder = _parse(DecoderParams, values.get("decoder") or {}, "model.decoder")
+
+    def decoder_settings(self) -> dict[str, Any] | None:
+        return self.decoder.model_dump() if self.decoder.model_fields_set else None
 
     def adapter_settings(self) -> dict[str, Any] | None:
         return None if self.adapter is None else self.adapter.model_dump()

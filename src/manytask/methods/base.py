@@ -42,11 +42,13 @@ class Setup:
     holdings: dict[int, dict[str, int]]  # client -> task -> |D_n^t|; the task allocation is public
     adapter: dict[str, Any] | None = None  # LoRA settings: the backbone is frozen, only adapters + heads train
     pretrained: str | None = None  # safetensors file of pretrained backbone weights
+    decoder: dict[str, Any] | None = None  # dense decoders' params (models/decoders.py DecoderParams)
 
     def build_model(self) -> MultiTaskModel:
         """The initial model; identical for every caller because its seeds depend only on the run seed."""
         model = build_model(
-            self.backbone, self.backbone_params, self.input_shape, self.specs, derive_seed(self.seed, "model")
+            self.backbone, self.backbone_params, self.input_shape, self.specs, derive_seed(self.seed, "model"),
+            self.decoder,
         )
         if self.pretrained is not None:
             model.backbone.load_state_dict(load_backbone_weights(self.pretrained))

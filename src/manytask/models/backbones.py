@@ -63,11 +63,14 @@ class CNNParams(Params):
     norm: Norm = Field(default="none", description=NORM_DESCRIPTION)
 
 
-@BACKBONES.register("cnn", CNNParams, "3x3 conv + ReLU + 2x2 max-pool blocks, then one hidden linear layer")
+@BACKBONES.register(
+    "cnn", CNNParams, "3x3 conv + ReLU + 2x2 max-pool blocks, then one hidden linear layer; an encoder for dense tasks"
+)
 class SmallCNN(nn.Module):
     """Conv blocks that halve the spatial size while it stays >= 2, then a linear layer to `hidden` features.
 
-    Accepts (C, H, W) inputs, or (H, W) / (L,) which are treated as one channel."""
+    Accepts (C, H, W) inputs, or (H, W) / (L,) which are treated as one channel. As an encoder for dense tasks its
+    pyramid is each block's activation before pooling (the first at the input's resolution)."""
 
     def __init__(self, input_shape: tuple[int, ...], params: CNNParams) -> None:
         super().__init__()
@@ -86,11 +89,32 @@ class SmallCNN(nn.Module):
                 size = [s // 2 for s in size]
             channels = width
         self.features = nn.Sequential(*blocks, nn.Flatten())
-        self.project = nn.Sequential(nn.Linear(channels * math.prod(size), params.hidden), nn.ReLU())
+        self.project: nn.Module | None = nn.Sequential(nn.Linear(channels * math.prod(size), params.hidden), nn.ReLU())
         self.out_features = params.hidden
+        self.pyramid_channels = list(params.channels)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.project is None:
+            return self.pyramid(x)[-1].mean(dim=(2, 3))
         return self.project(self.features(x.reshape(len(x), *self.image_shape)))
+
+    def pyramid(self, x: Tensor) -> list[Tensor]:
+        """Each block's output after its ReLU, before its pooling: finest first."""
+        h = x.reshape(len(x), *self.image_shape)
+        levels = []
+        for layer in self.features:
+            h = layer(h)
+            if isinstance(layer, nn.ReLU):
+                levels.append(h)
+                if len(levels) == len(self.pyramid_channels):
+                    break
+        return levels
+
+    def drop_vector_features(self) -> None:
+        """Serve only dense decoders: the hidden linear layer (most of this backbone's weights) is removed and the
+        vector feature becomes the average-pooled last block (`out_features` = its channels)."""
+        self.project = None
+        self.out_features = self.pyramid_channels[-1]
 
 
 def _as_image_shape(input_shape: tuple[int, ...]) -> tuple[int, ...]:

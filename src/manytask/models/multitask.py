@@ -1,4 +1,9 @@
-"""`MultiTaskModel`: one shared backbone plus one head per task (label spaces differ across tasks)."""
+"""`MultiTaskModel`: one shared backbone plus one head per task (label spaces differ across tasks).
+
+A task's head follows its kind: a linear layer on the backbone's feature vector for classification and
+regression, an FCN decoder on the backbone's feature pyramid for dense tasks (`models/decoders.py`). A backbone
+that only serves dense tasks drops its vector projection (`drop_vector_features`), so no weight travels that no
+task trains."""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from manytask.errors import ManytaskError
 from manytask.models.backbones import BACKBONES
+from manytask.models.decoders import DecoderParams, FCNDecoder, supports_dense
 from manytask.tasks.task import TaskSpec
 
 BACKBONE_PREFIX = "backbone."
@@ -18,20 +25,39 @@ BUFFER_PREFIX = "buffer/"  # buffers (BN running statistics) travel and are kept
 
 
 class MultiTaskModel(nn.Module):
-    def __init__(self, backbone: nn.Module, specs: Mapping[str, TaskSpec]) -> None:
+    def __init__(
+        self, backbone: nn.Module, specs: Mapping[str, TaskSpec], decoder: DecoderParams | None = None
+    ) -> None:
         super().__init__()
         for name in specs:
             if "." in name:
                 raise ValueError(f"task name '{name}' may not contain '.'")
+        dense = [name for name, spec in specs.items() if spec.is_dense]
+        if dense and not supports_dense(backbone):
+            raise ManytaskError(
+                f"dense tasks ({', '.join(dense)}) need an encoder with a feature pyramid (cnn, resnet18, swin); "
+                f"the {type(backbone).__name__} backbone has none."
+            )
+        if dense and len(dense) == len(specs) and hasattr(backbone, "drop_vector_features"):
+            backbone.drop_vector_features()
         self.backbone = backbone
-        width = backbone.out_features
-        self.heads = nn.ModuleDict({name: nn.Linear(width, spec.num_outputs) for name, spec in specs.items()})
+        self.dense = frozenset(dense)
+        self.heads = nn.ModuleDict({name: self._head(spec, decoder or DecoderParams()) for name, spec in specs.items()})
+
+    def _head(self, spec: TaskSpec, decoder: DecoderParams) -> nn.Module:
+        if spec.is_dense:
+            return FCNDecoder(list(self.backbone.pyramid_channels), spec.num_outputs, decoder)
+        return nn.Linear(self.backbone.out_features, spec.num_outputs)
 
     def forward(self, x: Tensor, task: str) -> Tensor:
         return self.forward_with_features(x, task)[0]
 
     def forward_with_features(self, x: Tensor, task: str) -> tuple[Tensor, Tensor]:
-        """(the task head's outputs, the backbone features they were computed from)."""
+        """(the task head's outputs, the backbone features they were computed from). For a dense task the
+        features are the deepest pyramid level, average-pooled (what MOON contrasts)."""
+        if task in self.dense:
+            maps = self.backbone.pyramid(x)
+            return self.heads[task](maps, tuple(x.shape[-2:])), maps[-1].mean(dim=(2, 3))
         features = self.backbone(x)
         return self.heads[task](features), features
 
@@ -80,14 +106,15 @@ def load_state(model: nn.Module, state: Mapping[str, Tensor]) -> list[str]:
 
 def build_model(
     backbone: str, backbone_params: Mapping[str, Any], input_shape: tuple[int, ...],
-    specs: Mapping[str, TaskSpec], seed: int,
+    specs: Mapping[str, TaskSpec], seed: int, decoder: Mapping[str, Any] | None = None,
 ) -> MultiTaskModel:
-    """Build the model with weights drawn from `seed` alone (the global RNG is left untouched)."""
+    """Build the model with weights drawn from `seed` alone (the global RNG is left untouched); `decoder` holds
+    the dense decoders' params (`DecoderParams`)."""
     entry = BACKBONES.get(backbone)
     params = BACKBONES.parse_params(backbone, dict(backbone_params))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MultiTaskModel(entry.target(tuple(input_shape), params), specs)
+        return MultiTaskModel(entry.target(tuple(input_shape), params), specs, DecoderParams(**(decoder or {})))
 
 
 def to_role(state: Mapping[str, Tensor], task: str) -> dict[str, Tensor]:

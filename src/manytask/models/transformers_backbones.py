@@ -11,6 +11,7 @@ random weights unless `weights` names a LOCAL checkpoint (nothing is ever downlo
   attention.query`); transformers renames them on load.
 
 The feature is the pooled output: ViT's [CLS] token after the final layer norm, Swin's average-pooled last stage.
+Swin also gives dense tasks `pyramid(x)`: every stage's feature map, finest first (`pyramid_channels`).
 Inputs are float images `[B, C, H, W]` in [0, 1] with 1 or 3 channels; `prepare_images` repeats gray images to
 3 channels, resizes to the model's `image_size` and normalizes (CLIP statistics for vit, ImageNet for swin).
 
@@ -159,7 +160,7 @@ def load_pretrained(model_class: Any, config: Any, weights: str, **kwargs: Any) 
             load["config"] = config
         source: Any = str(path)
     elif path.suffix in (".safetensors", ".bin", ".pt", ".pth"):
-        load.update(config=config, state_dict=_read_state_dict(path))
+        load.update(config=config, state_dict=read_state_dict(path))
         source = None
     else:
         raise ManytaskError(
@@ -185,7 +186,7 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _read_state_dict(path: Path) -> dict[str, Tensor]:
+def read_state_dict(path: Path) -> dict[str, Tensor]:
     """A state dict from a .safetensors file, or a .bin/.pt/.pth file read with `weights_only=True`."""
     try:
         if path.suffix == ".safetensors":
@@ -283,6 +284,17 @@ class SwinBackbone(_HFImageBackbone):
         )
         self.model = self._build(transformers.SwinModel, config, params.weights)
         self.out_features = int(self.model.num_features)
+        model_config = self.model.config  # a checkpoint directory's config may differ from the params
+        self.pyramid_channels = [int(model_config.embed_dim * 2**i) for i in range(len(model_config.depths))]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(pixel_values=self.prepare(x)).pooler_output
+
+    def pyramid(self, x: Tensor) -> list[Tensor]:
+        """Each stage's output before its patch merging, `[B, embed_dim·2^i, grid/2^i, grid/2^i]` with grid =
+        image_size / patch_size, finest first (the maps Swin's dense-prediction heads use). They are not layer-
+        normalized: the final layer norm belongs to the pooled feature, and a dense decoder normalizes itself."""
+        out = self.model(
+            pixel_values=self.prepare(x), output_hidden_states=True, output_hidden_states_before_downsampling=True
+        )
+        return list(out.reshaped_hidden_states[1:])  # [0] is the patch embedding, before any stage
