@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from manytask.report.plugins import delta_percent, host_of, plugin_table
+from manytask.report.delta import delta_percent
+from manytask.report.plugins import host_of, plugin_table
 from manytask.report.runs import RunRecord
 
 

@@ -155,17 +155,27 @@ def report(
         typer.Option("--graph-round", help="a round to draw the client graph at (repeatable; default: first, "
                      "middle and last round with communities)"),
     ] = None,
+    base: Annotated[
+        str | None,
+        typer.Option("--base", help="a run directory, or a member's label in a comparison: report Δ% against it"),
+    ] = None,
 ) -> None:
     """Write RUN_DIR/report.md and its plots from the run directory alone."""
     from manytask.report import write_report
 
-    _guarded(lambda: out_console.print(f"report: {write_report(run_dir, graph_round)}"))
+    _guarded(lambda: out_console.print(f"report: {write_report(run_dir, graph_round, base)}"))
 
 
 @app.command()
-def compare(run_dirs: Annotated[list[Path], typer.Argument(help="run directories")]) -> None:
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="run directories")],
+    base: Annotated[
+        str | None,
+        typer.Option("--base", help="a run directory, or the label of a compared run: add each run's Δ% against it"),
+    ] = None,
+) -> None:
     """One table across runs (comparison directories expand into their members)."""
-    _guarded(lambda: _print_comparison(run_dirs))
+    _guarded(lambda: _print_comparison(run_dirs, base))
 
 
 flower_app = typer.Typer(help="Flower deployment helpers (needs manytask[flower]).")
@@ -212,16 +222,20 @@ def local_cluster(
     _guarded(body, "interrupted while starting or stopping the cluster; its daemons were signalled to stop.")
 
 
-def _print_comparison(run_dirs: list[Path]) -> None:
+def _print_comparison(run_dirs: list[Path], base: str | None) -> None:
     from manytask.report import comparison_rows, load_runs, rich_table
+    from manytask.report.delta import delta_table, resolve_base
     from manytask.report.plugins import plugin_table
 
     records = load_runs(run_dirs)
+    reference = None if base is None else resolve_base(records, base)
     headers, rows = comparison_rows(records, max_task_columns=TERMINAL_TASK_COLUMNS)
     out_console.print(rich_table(headers, rows, "comparison"))
     plugins = plugin_table(records)
     if plugins is not None:
         out_console.print(rich_table(*plugins, "plug-ins against their hosts (Δ%)"))
+    if reference is not None:
+        out_console.print(rich_table(*delta_table(records, reference), f"Δ% against {reference.label}"))
 
 
 def main() -> None:

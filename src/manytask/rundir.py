@@ -1,4 +1,5 @@
-"""The run directory: config.yaml, federation.json, metrics.jsonl, summary.json, checkpoint.safetensors.
+"""The run directory: config.yaml, federation.json, metrics.jsonl, summary.json, checkpoint.safetensors, and for
+dense runs predictions.safetensors (a few test images, their targets and the final model's outputs).
 
 Everything a user sees later (tables, plots, reports, resume) is read back from here."""
 
@@ -8,6 +9,9 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from safetensors.torch import save_file
+from torch import Tensor
 
 from manytask.errors import ManytaskError
 
@@ -21,6 +25,7 @@ class RunDir:
     metrics = property(lambda self: self.path / "metrics.jsonl")
     summary = property(lambda self: self.path / "summary.json")
     checkpoint = property(lambda self: self.path / "checkpoint.safetensors")
+    predictions = property(lambda self: self.path / "predictions.safetensors")  # dense runs: the picture grid's
 
     def create(self) -> None:
         """Make the directory; refuse to mix a new run into a non-empty one."""
@@ -43,6 +48,11 @@ class RunDir:
     def write_text(self, path: Path, text: str) -> None:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text)
+        os.replace(tmp, path)
+
+    def write_tensors(self, path: Path, tensors: dict[str, Tensor]) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
         os.replace(tmp, path)
 
     def write_json(self, path: Path, data: Any) -> None:

@@ -44,6 +44,7 @@ def build_summary(experiment: Experiment, rows: list[dict[str, Any]], wall_secon
         "tasks": last_eval["eval"],
         "main_metric": main,
         "higher_is_better": {t: specs[t].higher_is_better for t in specs},
+        "task_kinds": {t: specs[t].kind.value for t in specs},
         "chance": {t: specs[t].chance for t in specs},
         "average": last_eval["average"],
         "fairness": last_eval.get("fairness"),  # across clients: mean, worst 10 %, worst 20 %, std

@@ -21,6 +21,7 @@ from manytask.messages import Message, decode, encode
 from manytask.methods.base import Metrics
 from manytask.rundir import RunDir
 from manytask.summary import average_main_metric, build_summary
+from manytask.tasks.predictions import recording_predictions
 
 Payloads = dict[int, bytes | None]
 
@@ -56,6 +57,8 @@ class RoundObserver(Protocol):
 
     def finished_round(self, row: dict[str, Any]) -> None: ...
 
+PREDICTION_EXAMPLES = 4  # test images per dense task kept for the report's picture grid
+
 
 def _serialize(messages: Mapping[int, Message | None]) -> Payloads:
     return {c: None if m is None else encode(m) for c, m in messages.items()}
@@ -86,7 +89,9 @@ class RoundLoop:
         for round_index in range(start, config.rounds):
             began = time.perf_counter()
             row = self._round(round_index)
-            if (round_index + 1) % config.eval_every == 0 or round_index + 1 == config.rounds:
+            if round_index + 1 == config.rounds:
+                row.update(self._final_evaluation())
+            elif (round_index + 1) % config.eval_every == 0:
                 row.update(self._evaluate())
             row["wall_seconds"] = time.perf_counter() - began
             elapsed += row["wall_seconds"]
@@ -161,6 +166,14 @@ class RoundLoop:
         clients = {str(c): average_main_metric(m, main) for c, m in sorted(per_client.items()) if m}
         return {"eval": metrics, "average": average_main_metric(metrics, main), "clients": clients,
                 "fairness": fairness(list(clients.values()))}
+
+    def _final_evaluation(self) -> dict[str, Any]:
+        """The last evaluation, keeping a few test predictions of each dense task for the report's picture grid."""
+        with recording_predictions(PREDICTION_EXAMPLES) as recorder:
+            row = self._evaluate()
+        if recorder.examples:
+            self.run_dir.write_tensors(self.run_dir.predictions, recorder.flat())
+        return row
 
     def _evaluate_on_clients(self) -> dict[int, Metrics]:
         """Every client evaluates its own model on the test sets of the tasks it holds."""

@@ -6,23 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from manytask.report.runs import RunRecord, all_accuracy, main_metric
+from manytask.report.delta import delta_percent, signed
+from manytask.report.runs import RunRecord, all_accuracy
 from manytask.report.tables import MISSING, format_metric, human_bytes
-
-
-def delta_percent(record: RunRecord, base: RunRecord) -> float | None:
-    """Δ = (1/T) Σ_t s_t (M_t − M_t^base) / M_t^base × 100 over the tasks both runs evaluated, with s_t = +1
-    where a higher main metric is better and −1 where lower is (FedDEA's Δ%); None without common tasks."""
-    signs = record.summary.get("higher_is_better") or {}
-    gains = []
-    for task, metrics in (record.summary.get("tasks") or {}).items():
-        reference = (base.summary.get("tasks") or {}).get(task)
-        metric = main_metric(record, task)
-        if not reference or not reference.get(metric):
-            continue
-        sign = 1.0 if signs.get(task, True) else -1.0
-        gains.append(sign * (metrics[metric] - reference[metric]) / reference[metric] * 100)
-    return sum(gains) / len(gains) if gains else None
 
 
 def host_of(record: RunRecord, records: Sequence[RunRecord]) -> RunRecord | None:
@@ -56,7 +42,7 @@ def plugin_table(records: Sequence[RunRecord]) -> tuple[list[str], list[list[str
     rows = []
     for label in hosts:
         host, plugged = host_records[label], by_host[label]
-        deltas = [_signed(delta_percent(plugged[p], host)) if p in plugged else MISSING for p in plugins]
+        deltas = [signed(delta_percent(plugged[p], host)) if p in plugged else MISSING for p in plugins]
         uploads = [human_bytes(upload_per_round(plugged[p])) if p in plugged else MISSING for p in plugins]
         average = format_metric(host.summary.get("average"), "accuracy" if all_accuracy([host]) else "mse")
         rows.append([label, average, *deltas, human_bytes(upload_per_round(host)), *uploads])
@@ -66,7 +52,3 @@ def plugin_table(records: Sequence[RunRecord]) -> tuple[list[str], list[list[str
 def _plugin(record: RunRecord) -> str:
     """The plug-in column of a run: its plug-in entry's label, else the plug-in's name."""
     return str(record.summary.get("plugin_label") or record.summary["plugin"])
-
-
-def _signed(value: float | None) -> str:
-    return MISSING if value is None else f"{value:+.2f}"

@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from manytask.metric_names import CLIENT_VIEW_PREFIX
+from manytask.report.delta import delta_table, resolve_base
 from manytask.report.graph import community_summary, plot_client_graph
+from manytask.report.pictures import plot_prediction_grid
 from manytask.report.plots import (
     plot_accuracy_vs_bits,
     plot_accuracy_vs_round,
@@ -162,7 +164,9 @@ def _average_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Pa
     ]
 
 
-def _single_report(record: RunRecord, graph_rounds: Sequence[int] | None = None) -> str:
+def _single_report(
+    record: RunRecord, graph_rounds: Sequence[int] | None = None, base: RunRecord | None = None
+) -> str:
     """The full report of one run, writing its plots under plots/."""
     root = record.path
     images = [
@@ -170,6 +174,7 @@ def _single_report(record: RunRecord, graph_rounds: Sequence[int] | None = None)
         ("Per-task metric by round", plot_task_curves(record, root / PLOTS / "task_curves.png")),
         *_similarity_plots([record], root / PLOTS),
         *_graph_plots([record], root / PLOTS, graph_rounds),
+        *_prediction_grids([record], root / PLOTS),
     ]
     return "\n".join([
         f"# Run report: {record.label}\n",
@@ -183,9 +188,27 @@ def _single_report(record: RunRecord, graph_rounds: Sequence[int] | None = None)
         "## Time\n",
         _bullets(_time_lines(record)),
         *_community_section(record),
+        *([] if base is None else _delta_section([record], base)),
         "## Plots\n",
         *(_image(title, path, root) for title, path in images),
     ])
+
+
+def _delta_section(records: list[RunRecord], base: RunRecord) -> list[str]:
+    return [f"## Δ% against {base.label}\n",
+            "Δ% = mean over tasks of s_t·(M_t − M_t^base)/M_t^base × 100; s_t = +1 where higher is better (↑), −1 "
+            "where lower is (↓).\n",
+            markdown_table(*delta_table(records, base))]
+
+
+def _prediction_grids(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
+    """Input, truth and prediction of each dense task on a few test images, for every run that kept them."""
+    plots = []
+    for record in records:
+        path = plot_prediction_grid(record, folder / f"predictions_{record.label}.png")
+        if path is not None:
+            plots.append((f"Test images: truth and prediction per task ({record.label})", path))
+    return plots
 
 
 def _run_section(record: RunRecord) -> str:
@@ -201,14 +224,21 @@ def _run_section(record: RunRecord) -> str:
     ])
 
 
-def _comparison_report(root: Path, records: list[RunRecord], graph_rounds: Sequence[int] | None = None) -> str:
-    """The report of a comparison directory, writing its comparison and per-run plots under plots/."""
+def _comparison_report(
+    root: Path, records: list[RunRecord], graph_rounds: Sequence[int] | None = None, base: str | None = None
+) -> str:
+    """The report of a comparison directory, writing its comparison and per-run plots under plots/. Δ% is taken
+    against `base` (a member's label or a run directory), else the comparison's reference run, else its first
+    member."""
     first = records[0].summary if records else {}
     reference = read_summary(root).get("reference")
+    base_name = base or reference or (records[0].label if records else None)
+    base_record = None if base_name is None else resolve_base(records, base_name)
     images = [
         *_average_plots(records, root / PLOTS),
         *_similarity_plots(records, root / PLOTS),
         *_graph_plots(records, root / PLOTS, graph_rounds),
+        *_prediction_grids(records, root / PLOTS),
     ]
     return "\n".join([
         "# Comparison report\n",
@@ -223,6 +253,7 @@ def _comparison_report(root: Path, records: list[RunRecord], graph_rounds: Seque
         "## Comparison\n",
         markdown_table(*comparison_rows(records)),
         *_plugin_section(records),
+        *([] if base_record is None or len(records) < 2 else _delta_section(records, base_record)),
         *_community_table(records),
         "## Plots\n",
         *(_image(title, path, root) for title, path in images),
@@ -268,15 +299,17 @@ def _graph_plots(records: list[RunRecord], folder: Path, rounds: Sequence[int] |
     return plots
 
 
-def write_report(run_dir: str | Path, graph_rounds: Sequence[int] | None = None) -> Path:
+def write_report(run_dir: str | Path, graph_rounds: Sequence[int] | None = None, base: str | None = None) -> Path:
     """Write report.md and plots/*.png inside a run or comparison directory; return the report's path.
 
-    `graph_rounds` chooses the rounds of the client-graph plots of runs that logged communities."""
+    `graph_rounds` chooses the rounds of the client-graph plots of runs that logged communities; `base` the run
+    Δ% is measured against (a run directory, or a member's label in a comparison)."""
     root = Path(run_dir)
     if is_comparison(root):
-        text = _comparison_report(root, load_runs([root]), graph_rounds)
+        text = _comparison_report(root, load_runs([root]), graph_rounds, base)
     else:
-        text = _single_report(load_run(root), graph_rounds)
+        record = load_run(root)
+        text = _single_report(record, graph_rounds, None if base is None else resolve_base([record], base))
     out = root / REPORT
     out.write_text(text, encoding="utf-8")
     return out
