@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from manytask.report.delta import delta_percent
-from manytask.report.plugins import host_of, plugin_table
+from manytask.report.plugins import host_of, plot_plugin_sweep, plugin_sweeps, plugin_table
 from manytask.report.runs import RunRecord
 
 
@@ -42,3 +42,19 @@ def test_the_table_has_a_row_per_host_and_a_column_per_plugin():
     # an accuracy and an mse task is shown as a plain number
     assert rows == [["fedavg", "0.5000", "+5.00", "-5.00", "200 B", "70 B", "100 B"]]
     assert plugin_table(records[:1]) is None
+
+
+def test_a_sweep_of_one_plugin_parameter_gives_delta_by_value(tmp_path):
+    records = [_record("fedavg")] + [
+        _record(f"fedavg+dea-{rho}", plugin="dea", acc=acc) for rho, acc in ((0.1, 0.4), (0.5, 0.6), (1.0, 0.5))]
+    for record, rho in zip(records[1:], (0.1, 0.5, 1.0), strict=True):
+        record.summary["plugin_params"] = {"rho": rho, "select": "largest"}
+    ablation = _record("fedavg+dea-plain", plugin="dea", acc=0.55)
+    ablation.summary["plugin_params"] = {"rho": 0.5, "select": "smallest"}  # a second parameter varies: no sweep
+    # a: (0.4 − 0.5)/0.5 = −20 % → Δ −10 (b unchanged); 0.6 → +10; 0.5 → 0
+    sweeps = plugin_sweeps(records)
+    assert list(sweeps) == [("dea", "rho")] and list(sweeps["dea", "rho"]) == ["fedavg"]
+    assert sweeps["dea", "rho"]["fedavg"] == [(0.1, pytest.approx(-10.0)), (0.5, pytest.approx(10.0)), (1.0, 0.0)]
+    assert plugin_sweeps([*records, ablation]) == {}
+    path = plot_plugin_sweep("dea", "rho", plugin_sweeps(records)[("dea", "rho")], tmp_path / "sweep.png")
+    assert path.stat().st_size > 3000

@@ -1,12 +1,15 @@
 """Plug-ins against their hosts, read back from a comparison: for every member run with a plug-in whose host also
 ran alone in the comparison (the same method and parameters, no plug-in), the multi-task gain Δ% (FedDEA's spec,
-shared/specs/feddea.md) and the upload per round with and without the plug-in."""
+shared/specs/feddea.md) and the upload per round with and without the plug-in; and parameter sweeps (one plug-in
+on one host at several values of one numeric parameter, e.g. DEA's ρ) as Δ% against the parameter."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from manytask.report.delta import delta_percent, signed
+from manytask.report.plots import new_figure, save_figure
 from manytask.report.runs import RunRecord, all_accuracy
 from manytask.report.tables import MISSING, format_metric, human_bytes
 
@@ -52,3 +55,51 @@ def plugin_table(records: Sequence[RunRecord]) -> tuple[list[str], list[list[str
 def _plugin(record: RunRecord) -> str:
     """The plug-in column of a run: its plug-in entry's label, else the plug-in's name."""
     return str(record.summary.get("plugin_label") or record.summary["plugin"])
+
+
+Sweep = dict[str, list[tuple[float, float]]]  # host label -> (parameter value, Δ% against the host), by value
+
+
+def plugin_sweeps(records: Sequence[RunRecord]) -> dict[tuple[str, str], Sweep]:
+    """(plug-in, parameter) -> per host, its Δ% at each value, where at least three runs of one plug-in on one
+    host differ in that numeric parameter alone."""
+    groups: dict[tuple[str, str], list[tuple[RunRecord, RunRecord]]] = {}
+    for record in records:
+        host = host_of(record, records) if record.summary.get("plugin") else None
+        if host is not None:
+            groups.setdefault((host.label, str(record.summary["plugin"])), []).append((record, host))
+    sweeps: dict[tuple[str, str], Sweep] = {}
+    for (host_label, plugin), members in groups.items():
+        param = _swept_parameter([record.summary.get("plugin_params") or {} for record, _ in members])
+        if param is None:
+            continue
+        points = sorted((float(r.summary["plugin_params"][param]), delta) for r, host in members
+                        if (delta := delta_percent(r, host)) is not None)
+        sweeps.setdefault((plugin, param), {})[host_label] = points
+    return sweeps
+
+
+def _swept_parameter(params: list[dict]) -> str | None:
+    """The one numeric parameter that takes ≥ 3 values while every other parameter is the same, else None."""
+    keys = set().union(*params) if params else set()
+    varying = [k for k in keys if len({repr(p.get(k)) for p in params}) > 1]
+    if len(varying) != 1:
+        return None
+    values = [p.get(varying[0]) for p in params]
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    return varying[0] if numeric and len(set(values)) >= 3 else None
+
+
+def plot_plugin_sweep(plugin: str, param: str, sweep: Sweep, path: str | Path) -> Path:
+    """Δ% against the host by parameter value, one line per host (0 = the host alone)."""
+    figure = new_figure((6, 4))
+    axes = figure.add_subplot()
+    axes.axhline(0.0, color="gray", linewidth=1, linestyle="--")
+    for host, points in sweep.items():
+        axes.plot([v for v, _ in points], [d for _, d in points], marker="o", label=f"{host}+{plugin}")
+    axes.set_xlabel(param)
+    axes.set_ylabel("Δ% against the host")
+    axes.set_title(f"{plugin}: Δ% by {param}")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    return save_figure(figure, path)

@@ -18,7 +18,7 @@ from manytask.report.plots import (
     plot_task_curves,
     similarity_ari,
 )
-from manytask.report.plugins import plugin_table
+from manytask.report.plugins import plot_plugin_sweep, plugin_sweeps, plugin_table
 from manytask.report.runs import RunRecord, all_accuracy, is_comparison, load_run, load_runs, read_summary
 from manytask.report.tables import (
     MISSING,
@@ -201,6 +201,13 @@ def _delta_section(records: list[RunRecord], base: RunRecord) -> list[str]:
             markdown_table(*delta_table(records, base))]
 
 
+def _sweep_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
+    """Δ% against the host by the value of a swept plug-in parameter (e.g. DEA's ρ)."""
+    return [(f"{plugin}: Δ% by {param}",
+             plot_plugin_sweep(plugin, param, sweep, folder / f"sweep_{plugin}_{param}.png"))
+            for (plugin, param), sweep in plugin_sweeps(records).items()]
+
+
 def _prediction_grids(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
     """Input, truth and prediction of each dense task on a few test images, for every run that kept them."""
     plots = []
@@ -238,6 +245,7 @@ def _comparison_report(
         *_average_plots(records, root / PLOTS),
         *_similarity_plots(records, root / PLOTS),
         *_graph_plots(records, root / PLOTS, graph_rounds),
+        *_sweep_plots(records, root / PLOTS),
         *_prediction_grids(records, root / PLOTS),
     ]
     return "\n".join([
