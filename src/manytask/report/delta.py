@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from manytask.errors import ManytaskError
+from manytask.report.plots import new_figure, save_figure
 from manytask.report.runs import RunRecord, is_comparison, load_run, main_metric
 from manytask.report.tables import MISSING
 
@@ -62,3 +63,40 @@ def resolve_base(records: Sequence[RunRecord], name: str | Path) -> RunRecord:
         members = ", ".join(r.label for r in records)
         raise ManytaskError(f"base run '{name}' is neither a run directory nor one of the runs compared ({members}).")
     return found
+
+
+def _round_metrics(record: RunRecord) -> dict[int, dict[str, dict[str, float]]]:
+    return {int(row["round"]): row["eval"] for row in record.metrics if row.get("eval")}
+
+
+def delta_curve(record: RunRecord, base: RunRecord) -> tuple[list[int], list[float]]:
+    """Δ% of `record` against `base` at every round both evaluated."""
+    mine, theirs = _round_metrics(record), _round_metrics(base)
+    rounds, deltas = [], []
+    for round_ in sorted(set(mine) & set(theirs)):
+        gains = []
+        for task, metrics in mine[round_].items():
+            metric, reference = main_metric(record, task), theirs[round_].get(task) or {}
+            if metrics.get(metric) is not None and reference.get(metric):
+                sign = 1.0 if higher_is_better(record, task) else -1.0
+                gains.append(sign * (metrics[metric] - reference[metric]) / reference[metric] * 100)
+        if gains:
+            rounds.append(round_)
+            deltas.append(sum(gains) / len(gains))
+    return rounds, deltas
+
+
+def plot_delta_vs_round(records: Sequence[RunRecord], base: RunRecord, path: str | Path) -> Path:
+    """Δ% against `base` by round, one line per run: convergence of runs whose tasks have unlike metrics."""
+    figure = new_figure()
+    axes = figure.add_subplot()
+    axes.axhline(0.0, color="gray", linewidth=1, linestyle="--")
+    for i, record in enumerate(records):
+        if record is not base:
+            rounds, deltas = delta_curve(record, base)
+            axes.plot(rounds, deltas, marker="o", markersize=3, color=f"C{i % 10}", label=record.label)
+    axes.set(xlabel="round", ylabel=f"Δ% against {base.label}", title=f"Δ% against {base.label} by round")
+    axes.grid(True, alpha=0.3)
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(fontsize="small")
+    return save_figure(figure, path)

@@ -268,3 +268,28 @@ def plot_similarity_trajectory(record: RunRecord, path: str | Path) -> Path | No
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     _finish_legend(axes, [])
     return save_figure(figure, path)
+
+
+def plot_task_panels(records: Sequence[RunRecord], path: str | Path) -> Path:
+    """One panel per task with its main metric by round, one line per run: the view of tasks whose metrics do not
+    share a scale or a direction (mIoU, RMSE, degrees, odsF)."""
+    tasks = list(dict.fromkeys(task for record in records for task in record.tasks))
+    columns = min(3, max(len(tasks), 1))
+    rows = max(1, -(-len(tasks) // columns))
+    figure = new_figure((3.6 * columns, 2.8 * rows + 0.4))
+    for index, task in enumerate(tasks):
+        axes = figure.add_subplot(rows, columns, index + 1)
+        metric = main_metric(records[0], task)
+        for i, record in enumerate(records):
+            rounds, values = task_curves(record).get(task, ([], []))
+            scale = 100.0 if metric == "accuracy" else 1.0
+            axes.plot(rounds, [scale * v for v in values], marker="o", markersize=2, color=f"C{i % 10}",
+                      label=record.label)
+        higher = (records[0].summary.get("higher_is_better") or {}).get(task, True)
+        axes.set_title(f"{task}: {metric} ({'higher' if higher else 'lower'} is better)", fontsize=9)
+        axes.set_xlabel("round", fontsize=8)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.grid(True, alpha=0.3)
+        if index == 0:
+            axes.legend(fontsize=6)
+    return save_figure(figure, path)

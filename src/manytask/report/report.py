@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from manytask.metric_names import CLIENT_VIEW_PREFIX
-from manytask.report.delta import delta_table, resolve_base
+from manytask.report.delta import delta_table, plot_delta_vs_round, resolve_base
 from manytask.report.graph import community_summary, plot_client_graph
 from manytask.report.pictures import plot_prediction_grid
 from manytask.report.plots import (
@@ -16,6 +16,7 @@ from manytask.report.plots import (
     plot_similarity_heatmap,
     plot_similarity_trajectory,
     plot_task_curves,
+    plot_task_panels,
     similarity_ari,
 )
 from manytask.report.plugins import plot_plugin_sweep, plugin_sweeps, plugin_table
@@ -164,14 +165,33 @@ def _average_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Pa
     ]
 
 
+def _has_dense_tasks(records: list[RunRecord]) -> bool:
+    return any(kind not in ("classification", "regression")
+               for record in records for kind in (record.summary.get("task_kinds") or {}).values())
+
+
+def _curve_plots(
+    records: list[RunRecord], folder: Path, base: RunRecord | None = None
+) -> list[tuple[str, Path]]:
+    """Curves by round. Dense tasks' metrics differ in scale and direction, so their runs get one panel per task
+    and Δ% against the base instead of an average of unlike numbers."""
+    if not _has_dense_tasks(records):
+        single = [("Per-task metric by round", plot_task_curves(records[0], folder / "task_curves.png"))]
+        return [*_average_plots(records, folder), *(single if len(records) == 1 else [])]
+    plots = [("Per-task metric by round", plot_task_panels(records, folder / "task_panels.png"))]
+    if base is not None and len(records) > 1:
+        plots.append((f"Δ% against {base.label} by round",
+                      plot_delta_vs_round(records, base, folder / "delta_vs_round.png")))
+    return plots
+
+
 def _single_report(
     record: RunRecord, graph_rounds: Sequence[int] | None = None, base: RunRecord | None = None
 ) -> str:
     """The full report of one run, writing its plots under plots/."""
     root = record.path
     images = [
-        *_average_plots([record], root / PLOTS),
-        ("Per-task metric by round", plot_task_curves(record, root / PLOTS / "task_curves.png")),
+        *_curve_plots([record], root / PLOTS),
         *_similarity_plots([record], root / PLOTS),
         *_graph_plots([record], root / PLOTS, graph_rounds),
         *_prediction_grids([record], root / PLOTS),
@@ -242,7 +262,7 @@ def _comparison_report(
     base_name = base or reference or (records[0].label if records else None)
     base_record = None if base_name is None else resolve_base(records, base_name)
     images = [
-        *_average_plots(records, root / PLOTS),
+        *_curve_plots(records, root / PLOTS, base_record),
         *_similarity_plots(records, root / PLOTS),
         *_graph_plots(records, root / PLOTS, graph_rounds),
         *_sweep_plots(records, root / PLOTS),
