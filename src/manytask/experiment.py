@@ -5,6 +5,7 @@ Everything an engine needs is here; engines only decide where the programs run."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -118,7 +119,8 @@ class ModelConfig:
     def __init__(self, **values: Any) -> None:
         self.backbone = values["backbone"]
         self.backbone_params = {k: v for k, v in values.items() if k not in self.EXTRA}
-        BACKBONES.parse_params(self.backbone, self.backbone_params)  # a typo must fail before any data is built
+        parsed = BACKBONES.parse_params(self.backbone, self.backbone_params)  # a typo fails before data is built
+        _check_weights_exist(getattr(parsed, "weights", None))
         adapter = values.get("adapter")
         self.adapter = None if adapter is None else _parse(LoraParams, adapter, "model.adapter")
         self.pretrained = bool(values.get("pretrained", False))
@@ -135,6 +137,12 @@ class ModelConfig:
         if not self.pretrained:
             return None
         return pretrained_backbone(benchmark, self.backbone, self.backbone_params, self.pretrain, seed)
+
+
+def _check_weights_exist(weights: str | None) -> None:
+    """A backbone checkpoint that is not there must stop the run before its directory is written."""
+    if weights is not None and not Path(weights).expanduser().exists():
+        raise ManytaskError(f"backbone weights not found: {Path(weights).expanduser()} does not exist.")
 
 
 def _parse(model: type[Params], values: Any, where: str) -> Params:
