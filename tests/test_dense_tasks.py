@@ -127,3 +127,26 @@ def test_the_recorder_keeps_the_first_batch_of_each_dense_task_only_while_open()
     assert list(recorder.examples) == ["depth"]
     assert torch.equal(recorder.examples["depth"]["inputs"], x[:2])
     assert sorted(recorder.flat()) == ["depth/inputs", "depth/outputs", "depth/targets"]
+
+
+def test_a_linearized_dense_model_equals_the_model_at_its_start_and_moves_linearly():
+    from manytask.models.linearized import Linearized
+
+    model = _model([SEG, DEPTH])
+    linear = Linearized(model)
+    x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    assert torch.allclose(linear(x, "seg"), model(x, "seg"), atol=1e-6)
+    start = {n: p.detach().clone() for n, p in model.backbone.named_parameters()}
+    with torch.no_grad():
+        for p in model.backbone.parameters():
+            p.add_(1e-3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(4)))
+    moved = linear(x, "depth")  # the first-order expansion stays close to the moved model for a small step
+    assert torch.allclose(moved, model(x, "depth"), atol=1e-3) and not torch.allclose(moved, model(x, "depth"), atol=0)
+    assert all(torch.equal(linear.start[n], start[n]) for n in start)
+
+
+def test_a_linearized_backbone_with_batch_norm_is_refused():
+    from manytask.models.linearized import Linearized
+
+    with pytest.raises(ManytaskError, match="cannot have BatchNorm layers"):
+        Linearized(_model([SEG], norm="batch"))

@@ -17,6 +17,7 @@ from pydantic import Field
 from torch import Tensor
 
 from manytask.client.trainer import StepContext, TrainHook
+from manytask.errors import ManytaskError
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
 from manytask.methods.common.laplacian import laplacian_step
@@ -28,6 +29,7 @@ from manytask.metric_names import COMMUNITIES, community_key, graph_key
 from manytask.models.multitask import MultiTaskModel, head_prefix, trainable_state
 from manytask.registry import Params
 from manytask.seeding import derive_seed, torch_generator
+from manytask.tasks.task import TaskKind
 
 NAME = "sfmtl-graph"
 ANCHORS = "anchors"
@@ -105,6 +107,10 @@ class SfmtlServer(PerClientPayloadServer):
         super().__init__(setup, params)
         for client in setup.holdings:
             only_task(setup, client, NAME)
+        others = [name for name, spec in setup.specs.items() if spec.kind is not TaskKind.CLASSIFICATION]
+        if others:
+            raise ManytaskError(f"{NAME} keeps one feature anchor per class, so every task must be a "
+                                f"classification; {', '.join(others)} {'is' if len(others) == 1 else 'are'} not.")
 
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         clients = [c for c, r in replies.items() if r is not None]
