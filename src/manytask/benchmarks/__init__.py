@@ -9,6 +9,7 @@ from manytask.benchmarks import (  # noqa: F401  (imported to register them)
     mnist,
     mnist1d,
     rotated_masked,
+    scenes,
     synthetic,
 )
 from manytask.benchmarks.base import Benchmark
