@@ -222,7 +222,7 @@ def local_cluster(
     _guarded(body, "interrupted while starting or stopping the cluster; its daemons were signalled to stop.")
 
 
-def _print_comparison(run_dirs: list[Path], base: str | None) -> None:
+def _print_comparison(run_dirs: list[Path], base: str | None = None) -> None:
     from manytask.report import comparison_rows, load_runs, rich_table
     from manytask.report.delta import delta_table, resolve_base
     from manytask.report.plugins import plugin_table
