@@ -73,3 +73,19 @@ def test_a_wrapped_host_and_a_host_with_client_state_match_the_local_engine_in_f
         assert (a["bytes_up"], a["bytes_down"]) == (b["bytes_up"], b["bytes_down"]), label
     plain = summaries(local / "fedavg+dea")[0]["bytes_up"]
     assert plain < summaries(local / "feddyn")[0]["bytes_up"] / 2  # the sparse upload is what Flower carried
+
+
+def test_fedavg_with_dea_on_a_dense_model_matches_the_local_engine_in_flower_sim(tmp_path):
+    """One client per nyud-like task (scenes), an encoder and four decoders, DEA's sparse uploads: Flower's
+    simulation gives the local engine's metrics and bytes."""
+    config = small_config_dict(
+        method={"name": "fedavg", "plugin": {"name": "dea", "rho": 0.3}}, rounds=2,
+        benchmark={"name": "scenes", "tasks": "nyud-like", "size": 16, "train_per_task": 16, "test_size": 8,
+                   "images": "disjoint", "styles": 2},
+        federation={"num_clients": 4, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
+        model={"backbone": "cnn", "channels": [4, 8], "norm": "batch", "decoder": {"width": 4}},
+        train={"optimizer": "adamw", "lr": 0.001, "local_steps": 2, "batch_size": 4},
+    )
+    a, b = summaries(*run_local_and_sim(tmp_path, config))
+    assert set(a["tasks"]) == {"semseg", "depth", "normals", "edge"}
+    assert a["tasks"] == b["tasks"] and (a["bytes_up"], a["bytes_down"]) == (b["bytes_up"], b["bytes_down"])
