@@ -61,3 +61,32 @@ def test_the_picture_grid_draws_every_dense_task(tmp_path):
     save_file(tensors, str(run / "predictions.safetensors"))
     path = plot_prediction_grid(load_run(run), tmp_path / "grid.png")
     assert path is not None and path.stat().st_size > 5000
+
+
+def test_a_dense_comparison_reports_delta_against_a_base_with_pictures(tmp_path):
+    from typer.testing import CliRunner
+
+    from manytask.cli import app
+    from manytask.config import validate
+    from manytask.report import write_report
+    from manytask.run import run_config
+
+    config = validate({
+        "name": "dense", "method": ["fedavg", {"name": "fedavg", "plugin": {"name": "dea", "rho": 0.5}}],
+        "benchmark": {"name": "scenes", "tasks": "nyud-like", "size": 16, "train_per_task": 16, "test_size": 8},
+        "federation": {"num_clients": 4, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
+        "model": {"backbone": "cnn", "channels": [4, 8], "decoder": {"width": 4}},
+        "train": {"optimizer": "adamw", "lr": 0.002, "local_steps": 2, "batch_size": 8},
+        "rounds": 2, "eval_every": 1, "seed": 0,
+    })
+    out = tmp_path / "cmp"
+    run_config(config, out)
+    text = write_report(out, base="fedavg").read_text()
+    assert "## Δ% against fedavg" in text and "semseg miou ↑ Δ%" in text and "depth rmse ↓ Δ%" in text
+    for plot in ("task_panels.png", "delta_vs_round.png", "predictions_fedavg.png", "predictions_fedavg+dea.png"):
+        assert (out / "plots" / plot).is_file(), plot
+    assert "accuracy_vs_round.png" not in text  # no average of unlike metrics
+    result = CliRunner().invoke(app, ["compare", str(out), "--base", "fedavg"])
+    assert result.exit_code == 0 and "Δ% against fedavg" in result.output
+    result = CliRunner().invoke(app, ["compare", str(out), "--base", "fedsgd"])
+    assert result.exit_code == 2 and "'fedsgd' is neither a run directory nor one of the runs compared" in result.output
