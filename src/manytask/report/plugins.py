@@ -10,8 +10,8 @@ from pathlib import Path
 
 from manytask.report.delta import delta_percent, signed
 from manytask.report.plots import new_figure, save_figure
-from manytask.report.runs import RunRecord, all_accuracy
-from manytask.report.tables import MISSING, format_metric, human_bytes
+from manytask.report.runs import RunRecord
+from manytask.report.tables import MISSING, format_average, human_bytes
 
 
 def host_of(record: RunRecord, records: Sequence[RunRecord]) -> RunRecord | None:
@@ -47,8 +47,7 @@ def plugin_table(records: Sequence[RunRecord]) -> tuple[list[str], list[list[str
         host, plugged = host_records[label], by_host[label]
         deltas = [signed(delta_percent(plugged[p], host)) if p in plugged else MISSING for p in plugins]
         uploads = [human_bytes(upload_per_round(plugged[p])) if p in plugged else MISSING for p in plugins]
-        average = format_metric(host.summary.get("average"), "accuracy" if all_accuracy([host]) else "mse")
-        rows.append([label, average, *deltas, human_bytes(upload_per_round(host)), *uploads])
+        rows.append([label, format_average(host), *deltas, human_bytes(upload_per_round(host)), *uploads])
     return headers, rows
 
 

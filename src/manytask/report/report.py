@@ -20,10 +20,19 @@ from manytask.report.plots import (
     similarity_ari,
 )
 from manytask.report.plugins import plot_plugin_sweep, plugin_sweeps, plugin_table
-from manytask.report.runs import RunRecord, all_accuracy, is_comparison, load_run, load_runs, read_summary
+from manytask.report.runs import (
+    RunRecord,
+    all_accuracy,
+    has_dense_tasks,
+    is_comparison,
+    load_run,
+    load_runs,
+    read_summary,
+)
 from manytask.report.tables import (
     MISSING,
     comparison_rows,
+    format_average,
     format_metric,
     format_ratio,
     format_seconds,
@@ -72,8 +81,7 @@ def _average_lines(record: RunRecord) -> list[tuple[str, str]]:
     normalized = format_ratio(s.get("normalized_average"))
     if s.get("normalized_average") is not None and s.get("reference"):
         normalized += f" of {s['reference']}"
-    average = format_metric(s.get("average"), metric)
-    lines = [("average main metric", average), ("normalized average", normalized)]
+    lines = [("average main metric", format_average(record)), ("normalized average", normalized)]
     client_view = _client_view_average(s)
     if client_view is not None:
         lines.append(("average main metric, clients' view", format_metric(client_view, metric)))
@@ -165,17 +173,12 @@ def _average_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Pa
     ]
 
 
-def _has_dense_tasks(records: list[RunRecord]) -> bool:
-    return any(kind not in ("classification", "regression")
-               for record in records for kind in (record.summary.get("task_kinds") or {}).values())
-
-
 def _curve_plots(
     records: list[RunRecord], folder: Path, base: RunRecord | None = None
 ) -> list[tuple[str, Path]]:
     """Curves by round. Dense tasks' metrics differ in scale and direction, so their runs get one panel per task
     and Δ% against the base instead of an average of unlike numbers."""
-    if not _has_dense_tasks(records):
+    if not any(has_dense_tasks(record) for record in records):
         single = [("Per-task metric by round", plot_task_curves(records[0], folder / "task_curves.png"))]
         return [*_average_plots(records, folder), *(single if len(records) == 1 else [])]
     plots = [("Per-task metric by round", plot_task_panels(records, folder / "task_panels.png"))]

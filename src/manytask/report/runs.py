@@ -189,3 +189,9 @@ def total_bytes(record: RunRecord) -> int | None:
 def all_accuracy(records: Iterable[RunRecord]) -> bool:
     """True when every task of every run has accuracy as its main metric."""
     return all(main_metric(record, task) == "accuracy" for record in records for task in record.tasks)
+
+
+def has_dense_tasks(record: RunRecord) -> bool:
+    """Whether any task of the run is dense (its kinds are in the summary)."""
+    kinds = (record.summary.get("task_kinds") or {}).values()
+    return any(kind not in ("classification", "regression") for kind in kinds)

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from manytask.report.runs import RunRecord, all_accuracy, main_metric, total_bytes
+from manytask.report.runs import RunRecord, all_accuracy, has_dense_tasks, main_metric, total_bytes
 
 MISSING = "–"
 
@@ -24,6 +24,14 @@ def format_metric(value: Any, metric: str) -> str:
 def format_ratio(value: Any) -> str:
     """A fraction of a reference shown as a percentage with one decimal."""
     return MISSING if value is None else f"{100 * float(value):.1f}%"
+
+
+def format_average(record: RunRecord) -> str:
+    """A run's average main metric: a percentage over classification tasks, else a number; '–' for dense task
+    sets, whose main metrics differ in unit and direction (mIoU, RMSE, degrees) and compare by Δ% instead."""
+    if has_dense_tasks(record):
+        return MISSING
+    return format_metric(record.summary.get("average"), "accuracy" if all_accuracy([record]) else "mse")
 
 
 def format_seconds(value: Any) -> str:
@@ -73,11 +81,10 @@ def _task_value(record: RunRecord, task: str, metric: str) -> str:
 def _row(record: RunRecord, columns: list[tuple[str, str]]) -> list[str]:
     """One comparison row for a run."""
     summary = record.summary
-    average_metric = "accuracy" if all_accuracy([record]) else "mse"
     return [
         record.label,
         *(_task_value(record, task, metric) for task, metric in columns),
-        format_metric(summary.get("average"), average_metric),
+        format_average(record),
         format_ratio(summary.get("normalized_average")),
         human_bits(summary.get("bits_per_task_per_round")),
         human_bytes(total_bytes(record)),
