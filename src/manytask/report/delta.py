@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from manytask.errors import ManytaskError
-from manytask.report.plots import new_figure, save_figure
+from manytask.report.plots import new_figure, run_color, save_figure
 from manytask.report.runs import RunRecord, is_comparison, load_run, main_metric
 from manytask.report.tables import MISSING
 
@@ -88,15 +88,17 @@ def delta_curve(record: RunRecord, base: RunRecord) -> tuple[list[int], list[flo
 
 def plot_delta_vs_round(records: Sequence[RunRecord], base: RunRecord, path: str | Path) -> Path:
     """Δ% against `base` by round, one line per run: convergence of runs whose tasks have unlike metrics."""
-    figure = new_figure()
+    many = len(records) > 12
+    figure = new_figure((10, 5) if many else (7, 4.5))
     axes = figure.add_subplot()
     axes.axhline(0.0, color="gray", linewidth=1, linestyle="--")
     for i, record in enumerate(records):
         if record is not base:
             rounds, deltas = delta_curve(record, base)
-            axes.plot(rounds, deltas, marker="o", markersize=3, color=f"C{i % 10}", label=record.label)
+            axes.plot(rounds, deltas, marker="o", markersize=3, color=run_color(i, len(records)), label=record.label)
     axes.set(xlabel="round", ylabel=f"Δ% against {base.label}", title=f"Δ% against {base.label} by round")
     axes.grid(True, alpha=0.3)
     if axes.get_legend_handles_labels()[0]:
-        axes.legend(fontsize="small")
+        axes.legend(fontsize=6 if many else "small", ncol=2 if many else 1,
+                    **({"loc": "center left", "bbox_to_anchor": (1.01, 0.5)} if many else {}))
     return save_figure(figure, path)

@@ -270,26 +270,38 @@ def plot_similarity_trajectory(record: RunRecord, path: str | Path) -> Path | No
     return save_figure(figure, path)
 
 
+def run_color(index: int, count: int) -> Any:
+    """Distinct colours for up to 20 runs (matplotlib's cycle for up to 10, as the other plots use)."""
+    from matplotlib import colormaps
+
+    return f"C{index % 10}" if count <= 10 else colormaps["tab20"](index % 20)
+
+
 def plot_task_panels(records: Sequence[RunRecord], path: str | Path) -> Path:
-    """One panel per task with its main metric by round, one line per run: the view of tasks whose metrics do not
-    share a scale or a direction (mIoU, RMSE, degrees, odsF)."""
+    """One panel per task with its main metric by round, one line per run, and the legend in a panel of its own:
+    the view of tasks whose metrics do not share a scale or a direction (mIoU, RMSE, degrees, odsF)."""
     tasks = list(dict.fromkeys(task for record in records for task in record.tasks))
-    columns = min(3, max(len(tasks), 1))
-    rows = max(1, -(-len(tasks) // columns))
+    columns = min(3, len(tasks) + 1)
+    rows = -(-(len(tasks) + 1) // columns)
     figure = new_figure((3.6 * columns, 2.8 * rows + 0.4))
+    handles: list[Any] = []
     for index, task in enumerate(tasks):
         axes = figure.add_subplot(rows, columns, index + 1)
         metric = main_metric(records[0], task)
+        scale = 100.0 if metric == "accuracy" else 1.0
         for i, record in enumerate(records):
             rounds, values = task_curves(record).get(task, ([], []))
-            scale = 100.0 if metric == "accuracy" else 1.0
-            axes.plot(rounds, [scale * v for v in values], marker="o", markersize=2, color=f"C{i % 10}",
-                      label=record.label)
+            (line,) = axes.plot(rounds, [scale * v for v in values], marker="o", markersize=2,
+                                color=run_color(i, len(records)), label=record.label)
+            if index == 0:
+                handles.append(line)
         higher = (records[0].summary.get("higher_is_better") or {}).get(task, True)
         axes.set_title(f"{task}: {metric} ({'higher' if higher else 'lower'} is better)", fontsize=9)
         axes.set_xlabel("round", fontsize=8)
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(True, alpha=0.3)
-        if index == 0:
-            axes.legend(fontsize=6)
+    legend = figure.add_subplot(rows, columns, len(tasks) + 1)
+    legend.axis("off")
+    legend.legend(handles=handles, loc="center", fontsize=6 if len(records) > 12 else 8,
+                  ncol=2 if len(records) > 12 else 1)
     return save_figure(figure, path)
