@@ -56,8 +56,7 @@ class Linearized(nn.Module):
 
     def forward_with_features(self, x: Tensor, task: str) -> tuple[Tensor, Tensor]:
         if task in self.model.dense:
-            maps = self.pyramid(x)
-            return self.model.heads[task](maps, tuple(x.shape[-2:])), maps[-1].mean(dim=(2, 3))
+            return self.model.decode(task, self.pyramid(x), x)
         features = self.features(x)
         return self.model.heads[task](features), features
 

@@ -56,10 +56,13 @@ class MultiTaskModel(nn.Module):
         """(the task head's outputs, the backbone features they were computed from). For a dense task the
         features are the deepest pyramid level, average-pooled (what MOON contrasts)."""
         if task in self.dense:
-            maps = self.backbone.pyramid(x)
-            return self.heads[task](maps, tuple(x.shape[-2:])), maps[-1].mean(dim=(2, 3))
+            return self.decode(task, self.backbone.pyramid(x), x)
         features = self.backbone(x)
         return self.heads[task](features), features
+
+    def decode(self, task: str, maps: list[Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
+        """A dense task's map at the size of `x` from the encoder's pyramid, and the pooled deepest level."""
+        return self.heads[task](maps, tuple(x.shape[-2:])), maps[-1].mean(dim=(2, 3))
 
 
 def head_prefix(task: str) -> str:
