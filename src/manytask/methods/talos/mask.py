@@ -1,0 +1,128 @@
+"""TaLoS's sensitivity masks (shared/specs/talos_fl.md): the least sensitive backbone parameters, by the diagonal of
+the Fisher information, are the ones sparse fine-tuning may move.
+
+    F_jj = (1/N) Σ_i (∂/∂θ_j log p_θ(ŷ_i | x_i))²,   ŷ_i ~ p_θ(· | x_i)   (one label per example, sampled)
+
+Per-example gradients come from `torch.func` (vmap of grad over a functional call), never a loop over examples.
+Iterative calibration over R rounds: round r marks the ρ_r = 1 − (1 − ρ*)^(r/R) fraction of scored entries with
+the highest F as sensitive and soft-zeroes them (× `soft_zero`) before the next round's scores; the weights are
+restored afterwards. With ρ* of the scored entries sensitive, the final mask keeps exactly the other
+d − round(ρ*·d) trainable (True).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from manytask.models.multitask import BACKBONE_PREFIX
+
+# Not scored (nor fine-tuned) by default: embeddings (patch, position), the class token and a transformer's final
+# norm; the heads are not backbone parameters at all. Block-internal norms (layernorm_before/after) are scored.
+EXCLUDED = re.compile(r"embeddings|cls_token|position|(^|\.)layernorm\.")
+Masks = dict[str, Tensor]
+
+
+def scored_parameters(model: nn.Module, scored: Sequence[str] | None = None) -> list[str]:
+    """Names of the trainable backbone parameters TaLoS scores: those matching one of the `scored` regular
+    expressions, or by default every one outside `EXCLUDED`."""
+    patterns = None if scored is None else [re.compile(p) for p in scored]
+    names = []
+    for name, param in model.named_parameters():
+        if not param.requires_grad or not name.startswith(BACKBONE_PREFIX):
+            continue
+        wanted = not EXCLUDED.search(name) if patterns is None else any(p.search(name) for p in patterns)
+        if wanted:
+            names.append(name)
+    return names
+
+
+@torch.no_grad()
+def sample_labels(model: nn.Module, task: str, x: Tensor, generator: torch.Generator) -> Tensor:
+    """One label per example drawn from the model's own predictive distribution p_θ(· | x)."""
+    probabilities = torch.softmax(model(x, task).float(), dim=1)
+    return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
+
+
+def fisher_diagonal(
+    model: nn.Module, batches: Iterable[tuple[str, Tensor]], names: Sequence[str], generator: torch.Generator,
+    raw_logit: bool = False,
+) -> dict[str, Tensor]:
+    """F_jj over every example of `batches` ((task, inputs) pairs) for the parameters `names`, with per-example
+    gradients of log p(ŷ | x) (or of the raw logit of ŷ, the original TaLoS code's choice). Evaluation mode, so
+    BatchNorm uses its running statistics and one example's score never depends on the others."""
+    was_training = model.training
+    model.eval()
+    params = dict(model.named_parameters())
+    fixed = {**{n: p.detach() for n, p in params.items() if n not in names}, **dict(model.named_buffers())}
+    totals = {n: torch.zeros_like(params[n]) for n in names}
+    count = 0
+    for task, x in batches:
+        y = sample_labels(model, task, x, generator)
+
+        def score(scored: dict[str, Tensor], xi: Tensor, yi: Tensor, task: str = task) -> Tensor:
+            logits = functional_call(model, {**fixed, **scored}, (xi.unsqueeze(0), task))[0]
+            values = logits if raw_logit else torch.log_softmax(logits, dim=0)
+            return values.gather(0, yi.unsqueeze(0))[0]  # values[yi], written so vmap can batch it
+
+        per_example = vmap(grad(score), in_dims=(None, 0, 0))({n: params[n].detach() for n in names}, x, y)
+        for name, grads in per_example.items():
+            totals[name] += grads.pow(2).sum(dim=0)
+        count += len(x)
+    model.train(was_training)
+    return {name: total / max(count, 1) for name, total in totals.items()}
+
+
+def most_sensitive(scores: dict[str, Tensor], fraction: float, per_layer: bool = False) -> Masks:
+    """True on the round(fraction·d) highest scores, over all scored entries at once (global ranking) or within
+    each parameter tensor; ties go to the lower index (a stable sort), so the choice is deterministic."""
+    if per_layer:
+        return {name: _top(s.flatten(), fraction).view_as(s) for name, s in scores.items()}
+    flat = _top(torch.cat([s.flatten() for s in scores.values()]), fraction)
+    pieces = flat.split([s.numel() for s in scores.values()])
+    return {name: piece.view_as(s) for (name, s), piece in zip(scores.items(), pieces, strict=True)}
+
+
+def _top(values: Tensor, fraction: float) -> Tensor:
+    chosen = torch.zeros(values.numel(), dtype=torch.bool)
+    chosen[torch.sort(values, descending=True, stable=True).indices[: round(fraction * values.numel())]] = True
+    return chosen
+
+
+def sparsity_at(round_: int, rounds: int, sparsity: float) -> float:
+    """ρ_r = 1 − (1 − ρ*)^(r/R) for r = 1..R: the exponential schedule that reaches ρ* at round R."""
+    return 1.0 - (1.0 - sparsity) ** (round_ / rounds)
+
+
+def calibrate_mask(
+    model: nn.Module, batches: Sequence[tuple[str, Tensor]], sparsity: float, rounds: int = 10,
+    soft_zero: float = 0.01, scored: Sequence[str] | None = None, per_layer: bool = False, raw_logit: bool = False,
+    seed: int = 0,
+) -> Masks:
+    """The TaLoS mask of `model` on calibration `batches` ((task, inputs) pairs): parameter name -> bool tensor,
+    True = among the least sensitive (1 − ρ*) fraction = trainable. The model's weights are as they were after."""
+    if not 0 <= sparsity < 1:
+        raise ValueError(f"sparsity ρ* must lie in [0, 1); got {sparsity}")
+    if rounds < 1:
+        raise ValueError(f"calibration needs at least one round; got {rounds}")
+    names = scored_parameters(model, scored)
+    params = dict(model.named_parameters())
+    original = {name: params[name].detach().clone() for name in names}
+    generator = torch.Generator().manual_seed(seed)
+    sensitive: Masks = {name: torch.zeros_like(p, dtype=torch.bool) for name, p in original.items()}
+    try:
+        for r in range(1, rounds + 1):
+            scores = fisher_diagonal(model, batches, names, generator, raw_logit)
+            sensitive = most_sensitive(scores, sparsity_at(r, rounds, sparsity), per_layer)
+            with torch.no_grad():
+                for name in names:
+                    params[name].copy_(torch.where(sensitive[name], original[name] * soft_zero, original[name]))
+    finally:
+        with torch.no_grad():
+            for name in names:
+                params[name].copy_(original[name])
+    return {name: ~mask for name, mask in sensitive.items()}

@@ -1,0 +1,95 @@
+"""TaLoS's masks: exact density, Fisher scores against an independent per-example loop, the highest-Fisher entries
+masked out at R = 1, weights restored, and the default scored set of a ViT."""
+
+import pytest
+import torch
+
+from manytask.methods.talos import calibrate_mask, fisher_diagonal, scored_parameters
+from manytask.methods.talos.mask import sample_labels, sparsity_at
+from manytask.models.multitask import build_model
+from manytask.tasks.task import TaskKind, TaskSpec
+
+SPECS = {"digit": TaskSpec("digit", TaskKind.CLASSIFICATION, 5)}
+
+
+def _model():
+    return build_model("mlp", {"hidden": [7, 6]}, (4,), SPECS, seed=0)
+
+
+def _inputs(n=9, seed=1):
+    return torch.randn(n, 4, generator=torch.Generator().manual_seed(seed))
+
+
+def _loop_fisher(model, x, y, names, raw_logit=False):
+    """The definition, one example at a time with autograd: mean over i of (∂ log p(y_i|x_i) / ∂θ)² (or of the raw
+    logit of y_i)."""
+    model.eval()
+    params = dict(model.named_parameters())
+    totals = {n: torch.zeros_like(params[n]) for n in names}
+    for i in range(len(x)):
+        model.zero_grad()
+        logits = model(x[i : i + 1], "digit")
+        (logits if raw_logit else torch.log_softmax(logits, dim=1))[0, y[i]].backward()
+        for n in names:
+            totals[n] += params[n].grad.pow(2)
+    return {n: t / len(x) for n, t in totals.items()}
+
+
+@pytest.mark.parametrize("raw_logit", [False, True])
+def test_vectorized_fisher_equals_the_per_example_loop(raw_logit):
+    model, x = _model(), _inputs()
+    names = scored_parameters(model)
+    assert names and all(n.startswith("backbone.") for n in names)  # heads are never scored
+    y = sample_labels(model, "digit", x, torch.Generator().manual_seed(5))
+    fast = fisher_diagonal(model, [("digit", x)], names, torch.Generator().manual_seed(5), raw_logit)
+    slow = _loop_fisher(model, x, y, names, raw_logit)
+    for n in names:
+        assert torch.allclose(fast[n], slow[n], rtol=1e-5, atol=1e-9), n
+
+
+def test_with_one_round_the_masked_out_entries_are_exactly_the_highest_fisher_ones():
+    model, x = _model(), _inputs()
+    masks = calibrate_mask(model, [("digit", x)], sparsity=0.7, rounds=1, seed=3)
+    names = list(masks)
+    y = sample_labels(model, "digit", x, torch.Generator().manual_seed(3))
+    scores = torch.cat([s.flatten() for s in _loop_fisher(model, x, y, names).values()])
+    trainable = torch.cat([m.flatten() for m in masks.values()])
+    k = round(0.7 * len(scores))
+    assert int((~trainable).sum()) == k
+    assert float(scores[~trainable].min()) >= float(scores[trainable].max())
+
+
+@pytest.mark.parametrize(("sparsity", "rounds", "per_layer"), [(0.9, 10, False), (0.5, 3, False), (0.9, 4, True)])
+def test_the_mask_keeps_one_minus_rho_of_the_scored_entries(sparsity, rounds, per_layer):
+    model = _model()
+    masks = calibrate_mask(model, [("digit", _inputs(12))], sparsity, rounds, per_layer=per_layer)
+    if per_layer:
+        for name, mask in masks.items():
+            assert int(mask.sum()) == mask.numel() - round(sparsity * mask.numel()), name
+    total = sum(m.numel() for m in masks.values())
+    assert abs(int(sum(m.sum() for m in masks.values())) - (1 - sparsity) * total) <= len(masks)
+
+
+def test_calibration_restores_the_weights_and_is_deterministic_in_its_seed():
+    model = _model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    first = calibrate_mask(model, [("digit", _inputs())], 0.8, rounds=5, soft_zero=0.01, seed=2)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    again = calibrate_mask(model, [("digit", _inputs())], 0.8, rounds=5, soft_zero=0.01, seed=2)
+    assert all(torch.equal(first[n], again[n]) for n in first)
+
+
+def test_the_schedule_reaches_the_target_at_the_last_round():
+    assert sparsity_at(10, 10, 0.9) == pytest.approx(0.9)
+    assert sparsity_at(5, 10, 0.9) == pytest.approx(1 - 0.1**0.5)
+
+
+def test_a_vit_scores_its_blocks_but_not_embeddings_class_token_or_final_norm():
+    pytest.importorskip("transformers")
+    tiny = {"image_size": 8, "patch_size": 4, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 16}
+    model = build_model("vit", tiny, (3, 8, 8), SPECS, seed=0)
+    names = scored_parameters(model)
+    assert names and not any("embeddings" in n or n.startswith("backbone.model.layernorm.") for n in names)
+    assert any("layernorm_before" in n for n in names) and any("q_proj" in n for n in names)
+    assert scored_parameters(model, ["q_proj"]) == [n for n in names if "q_proj" in n]
