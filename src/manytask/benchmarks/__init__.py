@@ -2,6 +2,7 @@
 
 from manytask.benchmarks import (  # noqa: F401  (imported to register them)
     cifar10,
+    cifar100,
     dense_real,
     digits,
     images,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,19 @@ SAFE_GLOBALS = {
 _SAFE_SCALARS = (bytes, str, int)
 
 
+@dataclass(frozen=True)
+class CifarFormat:
+    """What differs between the CIFAR archives' Python batches: the name in messages, the label key and the
+    number of classes (CIFAR-100's `fine_labels` or `coarse_labels`)."""
+
+    name: str
+    label_key: str
+    num_classes: int
+
+
+CIFAR10 = CifarFormat("CIFAR-10", "labels", len(CIFAR10_CLASSES))
+
+
 class RestrictedUnpickler(pickle.Unpickler):
     """An unpickler that resolves only the numpy array reconstruction globals of `SAFE_GLOBALS`."""
 
@@ -71,33 +85,35 @@ def read_cifar_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if raw.size % RECORD:
         raise ManytaskError(f"CIFAR-10 file {path} has {raw.size} bytes, not a multiple of the {RECORD}-byte record.")
     records = raw.reshape(-1, RECORD)
-    return _checked(path, records[:, 1:], records[:, 0])
+    return _checked(path, records[:, 1:], records[:, 0], CIFAR10)
 
 
-def read_cifar_pickle(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_cifar_pickle(path: Path, fmt: CifarFormat = CIFAR10) -> tuple[np.ndarray, np.ndarray]:
     """Images `[n, 3, 32, 32]` uint8 and int64 labels of one Python-version batch file (restricted unpickling)."""
     try:
         batch = restricted_load(Path(path).read_bytes())
     except Exception as err:  # any malformed or disallowed pickle; nothing outside SAFE_GLOBALS can have run
-        raise ManytaskError(f"CIFAR-10 file {path} is not a safe CIFAR pickle ({err}).") from None
-    batch = _checked_batch(path, batch)
-    data, labels = batch.get("data"), batch.get("labels")
+        raise ManytaskError(f"{fmt.name} file {path} is not a safe CIFAR pickle ({err}).") from None
+    batch = _checked_batch(path, batch, fmt)
+    data, labels = batch.get("data"), batch.get(fmt.label_key)
     if isinstance(data, bytes):
         data = np.frombuffer(data, dtype=np.uint8)
     if not isinstance(data, np.ndarray) or not isinstance(labels, list) or not all(type(v) is int for v in labels):
-        raise ManytaskError(f"CIFAR-10 file {path} needs 'data' (uint8 array or bytes) and 'labels' (list of ints).")
+        raise ManytaskError(
+            f"{fmt.name} file {path} needs 'data' (uint8 array or bytes) and '{fmt.label_key}' (list of ints)."
+        )
     if data.shape != (len(labels), PIXELS) and data.shape != (len(labels) * PIXELS,):
         raise ManytaskError(
-            f"CIFAR-10 file {path} holds data of shape {data.shape} for {len(labels)} labels, not ({len(labels)}, "
+            f"{fmt.name} file {path} holds data of shape {data.shape} for {len(labels)} labels, not ({len(labels)}, "
             f"{PIXELS})."
         )
-    return _checked(path, data, np.asarray(labels, dtype=np.int64))
+    return _checked(path, data, np.asarray(labels, dtype=np.int64), fmt)
 
 
-def _checked_batch(path: Path, batch: object) -> dict[str, object]:
+def _checked_batch(path: Path, batch: object, fmt: CifarFormat) -> dict[str, object]:
     """The batch dict with str keys, after checking it holds only plain values and a uint8 `data` array."""
     if not isinstance(batch, dict) or not all(isinstance(k, (bytes, str)) for k in batch):
-        raise ManytaskError(f"CIFAR-10 file {path} is not a dict with string keys.")
+        raise ManytaskError(f"{fmt.name} file {path} is not a dict with string keys.")
     clean = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in batch.items()}
     for key, value in clean.items():
         plain = isinstance(value, _SAFE_SCALARS) or (
@@ -105,14 +121,14 @@ def _checked_batch(path: Path, batch: object) -> dict[str, object]:
         )
         array = key == "data" and type(value) is np.ndarray and value.dtype == np.uint8
         if not (plain or array):
-            raise ManytaskError(f"CIFAR-10 file {path} has an unexpected {type(value).__name__} under '{key}'.")
+            raise ManytaskError(f"{fmt.name} file {path} has an unexpected {type(value).__name__} under '{key}'.")
     return clean
 
 
-def _checked(path: Path, pixels: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    bad = labels[(labels < 0) | (labels >= len(CIFAR10_CLASSES))]
+def _checked(path: Path, pixels: np.ndarray, labels: np.ndarray, fmt: CifarFormat) -> tuple[np.ndarray, np.ndarray]:
+    bad = labels[(labels < 0) | (labels >= fmt.num_classes)]
     if len(bad):
-        raise ManytaskError(f"CIFAR-10 file {path} has label {int(bad[0])}; labels must be 0-9.")
+        raise ManytaskError(f"{fmt.name} file {path} has label {int(bad[0])}; labels must be 0-{fmt.num_classes - 1}.")
     return pixels.reshape(-1, 3, SIDE, SIDE), labels.astype(np.int64)
 
 
@@ -138,10 +154,10 @@ def load_cifar10(root: Path) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     read = read_cifar_bin if binary else read_cifar_pickle
     batches = [read(f) for f in files]
     train = [np.concatenate([b[i] for b in batches[:-1]]) for i in (0, 1)]
-    return (*_to_tensors(*train), *_to_tensors(*batches[-1]))
+    return (*to_tensors(*train), *to_tensors(*batches[-1]))
 
 
-def _to_tensors(images: np.ndarray, labels: np.ndarray) -> tuple[Tensor, Tensor]:
+def to_tensors(images: np.ndarray, labels: np.ndarray) -> tuple[Tensor, Tensor]:
     return torch.from_numpy(images.astype(np.float32)).div_(255.0), torch.from_numpy(labels.astype(np.int64))
 
 

@@ -35,13 +35,13 @@ def take_subset(x: Tensor, y: Tensor, limit: int | None, rng: np.random.Generato
 
 def single_task_benchmark(
     name: str, load: Callable[[Path], Arrays], params: LocalFilesParams, seed: int, description: str,
-    metadata: dict | None = None,
+    metadata: dict | None = None, num_classes: int = 10,
 ) -> Benchmark:
-    """One 10-class task `name` from the files under `params.root`, subsampled by `seed`."""
+    """One `num_classes`-class task `name` from the files under `params.root`, subsampled by `seed`."""
     root = Path(params.root).expanduser()
     x_train, y_train, x_test, y_test = load(root)
     x_train, y_train = take_subset(x_train, y_train, params.max_train, numpy_rng(seed, name, "train"))
     x_test, y_test = take_subset(x_test, y_test, params.max_test, numpy_rng(seed, name, "test"))
-    task = classification_task(name, x_train, y_train, x_test, y_test, num_classes=10,
-                               description=f"{name}: 10 classes from {root}")
+    task = classification_task(name, x_train, y_train, x_test, y_test, num_classes=num_classes,
+                               description=f"{name}: {num_classes} classes from {root}")
     return Benchmark(name, {name: task}, description, {"root": str(root), **(metadata or {})})
