@@ -22,7 +22,7 @@ def _write_config(tmp_path, **overrides):
     ("args", "expected"),
     [
         (["method=fedsgd"], "unknown method 'fedsgd'; valid choices: centralized, fedacg, fedavg"),
-        (["benchmark=cifar"], "unknown benchmark 'cifar'; valid choices: cifar10, digits-tasks"),
+        (["benchmark=cifar"], "unknown benchmark 'cifar'; valid choices: cifar10, cifar100, digits-tasks"),
         (["train.lrr=0.1"], "unknown config key 'train.lrr'; valid keys here: optimizer, lr"),
         (["rounds=many"], "config key 'rounds' is invalid"),
         (
