@@ -8,22 +8,18 @@ import torch
 import manytask.benchmarks.scenes  # noqa: F401  (registers the benchmark)
 from manytask.benchmarks import build_benchmark
 from manytask.benchmarks.scenes import TASKS, resolve_tasks
-from manytask.benchmarks.scenes.render import (
+from manytask.benchmarks.scenes.geometry import (
     BOX,
-    CURVATURE_SCALE,
     CYLINDER,
-    EDGE_THRESHOLD,
     SPHERE,
-    TARGETS,
     Look,
     Objects,
     Scene,
     focal,
     look_at,
     pixel_directions,
-    render,
-    render_scenes,
 )
+from manytask.benchmarks.scenes.render import CURVATURE_SCALE, EDGE_THRESHOLD, TARGETS, render, render_scenes
 from manytask.benchmarks.scenes.styles import STYLES, sample_scenes, style
 from manytask.errors import ManytaskError
 from manytask.tasks.task import TaskKind

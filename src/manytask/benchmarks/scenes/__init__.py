@@ -1,6 +1,6 @@
 """`scenes`: procedural dense multi-task learning on ray-cast scenes of spheres, boxes and cylinders.
 
-Every target is exact from the geometry (see `render.py`), so NYUD- or PASCAL-like task sets (and the
+Every target is exact from the geometry (see `geometry.py` and `render.py`), so NYUD- or PASCAL-like task sets (and the
 Taskonomy-like letters of MAS) can be built at any size without downloading a dataset. Images are either shared
 by all tasks (one dataset, many labels, like NYUD-v2) or rendered per task (each task its own images and style).
 """
@@ -15,7 +15,8 @@ from pydantic import Field
 
 from manytask.benchmarks.base import Benchmark
 from manytask.benchmarks.registry import register_benchmark
-from manytask.benchmarks.scenes.render import CLASS_NAMES, PART_NAMES, render_scenes
+from manytask.benchmarks.scenes.geometry import CLASS_NAMES, PART_NAMES
+from manytask.benchmarks.scenes.render import render_scenes
 from manytask.benchmarks.scenes.styles import STYLES, sample_scenes
 from manytask.errors import ManytaskError, unknown_choice
 from manytask.registry import Params

@@ -12,7 +12,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from manytask.benchmarks.scenes.render import BOX, CYLINDER, MAX_OBJECTS, SPHERE, Camera, Look, Objects, Scene, look_at
+from manytask.benchmarks.scenes.geometry import (
+    BOX,
+    CYLINDER,
+    MAX_OBJECTS,
+    SPHERE,
+    Camera,
+    Look,
+    Objects,
+    Scene,
+    look_at,
+)
 from manytask.errors import ManytaskError
 from manytask.seeding import numpy_rng
 
