@@ -117,7 +117,7 @@ def test_sparse_sgdm_through_the_optimizer_factory_never_moves_masked_entries():
     SparseSGDM built by the trainer's optimizer factory keeps every masked entry exactly where it was."""
     from manytask.client.optimizers import SparseSGDM
 
-    config = TrainConfig(lr=0.1, momentum=0.9, weight_decay=0.01, local_steps=5)
+    config = TrainConfig(lr=0.1, momentum=0.9, weight_decay=0.01, local_steps=100)
     start = _model()
     masks = {n: torch.rand(p.shape, generator=torch.Generator().manual_seed(1)) < 0.5
              for n, p in start.named_parameters()}

@@ -69,3 +69,12 @@ class SparseSGDM(torch.optim.Optimizer):
                     grad = buffer
                 param.add_(grad, alpha=-group["lr"])
         return loss
+
+
+def sparse_sgdm(masks: Mapping[str, Tensor], momentum: float, weight_decay: float) -> OptimizerFactory:
+    """The factory of a `SparseSGDM` under fixed `masks` (the round's lr comes from the trainer)."""
+
+    def build(named: NamedParameters, lr: float) -> torch.optim.Optimizer:
+        return SparseSGDM(named, masks, lr, momentum, weight_decay)
+
+    return build

@@ -8,6 +8,7 @@ from manytask.methods.manytask import matfl, matu, sfmtl  # noqa: F401  (registr
 from manytask.methods.personalized import fedper, fedu, pfedme  # noqa: F401  (registration)
 from manytask.methods.plugins import dea, fedheal, pcgrad  # noqa: F401  (registration)
 from manytask.methods.registry import METHODS, PLUGINS, register_method, register_plugin
+from manytask.methods.talos import fl_talos, head_only, oneshot, partitioned  # noqa: F401  (registration)
 
 __all__ = [
     "METHODS", "PLUGINS", "ClientContext", "ClientProgram", "MethodDef", "ServerProgram", "Setup",

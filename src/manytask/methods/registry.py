@@ -11,8 +11,8 @@ from manytask.errors import ManytaskError
 from manytask.methods.base import MethodDef
 from manytask.registry import Params, Registry
 
-HOST, PERSONALIZED, MANY_TASK, REFERENCE = "host", "personalized", "many-task", "reference"
-FAMILIES = (HOST, PERSONALIZED, MANY_TASK, REFERENCE)
+HOST, PERSONALIZED, MANY_TASK, SPARSE, REFERENCE = "host", "personalized", "many-task", "sparse", "reference"
+FAMILIES = (HOST, PERSONALIZED, MANY_TASK, SPARSE, REFERENCE)  # sparse: sparse fine-tuning of a pretrained model
 
 METHODS: Registry[MethodDef] = Registry("method")
 

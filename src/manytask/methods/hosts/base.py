@@ -3,8 +3,8 @@ updates, and a client that trains what it was sent with the one `Trainer`.
 
 A host differs from FedAvg in a few overridable places, never in the loop:
 - client: `build_model` (e.g. a linearized model, a projection head), `local_keys` (parameters that stay on the
-  client, FedPer/FedBN), `hooks`, `optimizer` and `combine` (its local objective), `finish` (client state after
-  training, extra scalars);
+  client, FedPer/FedBN), `hooks`, `optimizer` and `combine` (its local objective), `trainer` and `schedule` (local
+  work and lr schedule of a round, e.g. per phase), `finish` (client state after training, extra scalars);
 - server: `payload_for` (e.g. a lookahead model), `update_weights` (aggregation weights per parameter),
   `aggregate_updates` (its server rule), and named extra server state in `self.parts`.
 Plug-ins wrap any host through `aggregate_replies` (they see and may change the `Update`s before the host's rule
@@ -20,7 +20,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from manytask.client.optimizers import OptimizerFactory
-from manytask.client.trainer import LossCombiner, TaskData, TrainHook, evaluate, sum_of_task_losses
+from manytask.client.trainer import LossCombiner, TaskData, Trainer, TrainHook, evaluate, sum_of_task_losses
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
@@ -104,6 +104,14 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         """How a step's task losses become one loss (the sum; learned task weights such as GradNorm's here)."""
         return sum_of_task_losses
 
+    def trainer(self, ctx: ClientContext) -> Trainer:
+        """The local trainer of this round (the run's train config; a phase may change its local work)."""
+        return self.setup.trainer()
+
+    def schedule(self, ctx: ClientContext) -> tuple[int, int]:
+        """(round, rounds) the lr schedule runs over: the run's by default, a phase's own for phased methods."""
+        return ctx.round_index, self.setup.rounds
+
     def finish(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, float]:
         """After training a copy: update client state; return extra scalars to upload."""
         return {}
@@ -113,9 +121,10 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         received = self.received(ctx, payload)
         tensors: dict[str, Tensor] = {}
         scalars = fit_scalars(ctx.data, {})
+        trainer, (round_index, rounds) = self.trainer(ctx), self.schedule(ctx)
         for copy in self.copies(ctx, received):
-            report = self.setup.trainer().train(
-                copy.module, {t: ctx.data[t] for t in copy.tasks}, copy.seed, ctx.round_index, self.setup.rounds,
+            report = trainer.train(
+                copy.module, {t: ctx.data[t] for t in copy.tasks}, copy.seed, round_index, rounds,
                 hooks=self.hooks(ctx, copy), optimizer=self.optimizer(ctx, copy), combine=self.combine(ctx, copy),
             )
             scalars.update({LOSS_PREFIX + t: loss for t, loss in report.mean_loss.items()})

@@ -13,8 +13,9 @@ d − round(ρ*·d) trainable (True).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
@@ -126,3 +127,17 @@ def calibrate_mask(
             for name in names:
                 params[name].copy_(original[name])
     return {name: ~mask for name, mask in sensitive.items()}
+
+
+def pack_masks(masks: Mapping[str, Tensor]) -> Tensor:
+    """All masks as one bit per entry (uint8, in `masks` order): how a client keeps its mask between rounds."""
+    flat = torch.cat([m.flatten() for m in masks.values()]).numpy()
+    return torch.from_numpy(np.packbits(flat))
+
+
+def unpack_masks(bits: Tensor, like: Mapping[str, Tensor]) -> Masks:
+    """Inverse of `pack_masks`, shaped like the tensors of `like` (same names, same order)."""
+    count = sum(t.numel() for t in like.values())
+    flat = torch.from_numpy(np.unpackbits(bits.numpy(), count=count).astype(np.bool_))
+    pieces = flat.split([t.numel() for t in like.values()])
+    return {name: piece.view(t.shape) for (name, t), piece in zip(like.items(), pieces, strict=True)}

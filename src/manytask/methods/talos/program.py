@@ -1,0 +1,210 @@
+"""What every federated TaLoS method shares (shared/specs/talos_fl.md): its parameters, its phases, its model, and
+the client and server programs that run the phases on the host machinery (methods/hosts/base.py).
+
+Phases, fixed in length so both sides know them from the round alone:
+1. head-only: the backbone frozen, the heads trained and averaged with FedAvg;
+2. calibration (one round, every client): each client computes its TaLoS mask on its own data, from stratified
+   examples, and keeps it; the server receives only per-parameter trainable fractions (the mask-location plot);
+3. sparse fine-tuning: the scored backbone parameters trained with SparseSGDM under the client's mask, the heads
+   and the unscored backbone (embeddings, class token, final norm) frozen; FedAvg of the full scored vector.
+The lr schedule restarts in every phase. Variants override the calibration reply, the mask a client trains under,
+the upload and the server's rule (talos/partitioned.py, talos/oneshot.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import Field
+from torch import Tensor, nn
+
+from manytask.client.optimizers import OptimizerFactory, sparse_sgdm
+from manytask.errors import ManytaskError
+from manytask.messages import Message
+from manytask.methods.base import ClientContext, Setup
+from manytask.methods.common.phases import Phase, Phases, PhaseStep
+from manytask.methods.common.wire import fit_scalars
+from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer, TrainedCopy
+from manytask.methods.talos.calibration import calibration_batches
+from manytask.methods.talos.mask import Masks, calibrate_mask, pack_masks, scored_parameters, unpack_masks
+from manytask.models.multitask import MultiTaskModel, task_of_key
+from manytask.seeding import derive_seed
+from manytask.tasks.task import TaskKind
+
+HEAD_ONLY, CALIBRATION, SPARSE = "head-only", "calibration", "sparse"
+MASK_STATE = "talos/mask"  # the client's own mask, packed bits, in its state
+TRAINABLE_PREFIX = "trainable/"  # calibration reply scalars and server log: fraction of a parameter left trainable
+# (calibration rounds R, soft-zero factor, raw logit) of the FL paper and of the original TaLoS code
+VARIANTS = {"fl": (10, 0.01, False), "original": (4, 0.1, True)}
+
+
+class TalosParams(HostParams):
+    sparsity: float = Field(0.9, ge=0, lt=1, description="ρ*: the fraction of scored backbone entries never trained")
+    head_rounds: int | None = Field(None, ge=1, description="rounds of the head-only phase (default: half the run)")
+    calibration_examples: int = Field(100, ge=1, description="examples per client and task scoring its mask")
+    variant: Literal["fl", "original"] = Field(
+        "fl", description="fl: log p(ŷ|x), R 10, soft-zero 0.01 (the FL paper); original: raw logit, R 4, soft-zero 0.1"
+    )
+    calibration_rounds: int | None = Field(None, ge=1, description="R (default: the variant's)")
+    soft_zero: float | None = Field(None, ge=0, lt=1, description="soft-zero factor (default: the variant's)")
+    ranking: Literal["global", "per-layer"] = Field("global", description="rank over all scored entries, or per layer")
+    scored: list[str] | None = Field(
+        None, description="regexes of backbone parameters scored and fine-tuned (default: all but embeddings, "
+        "class token and final norm)"
+    )
+
+    def calibration(self) -> tuple[int, float, bool]:
+        """(R, soft-zero, raw logit) after the variant's defaults."""
+        rounds, soft_zero, raw_logit = VARIANTS[self.variant]
+        return (self.calibration_rounds or rounds, soft_zero if self.soft_zero is None else self.soft_zero, raw_logit)
+
+
+class TalosModel(HostModel):
+    """The task model with the parts TaLoS ever trains left trainable: the heads and the scored backbone entries
+    (the server keeps exactly these); every other backbone parameter stays at its pretrained value."""
+
+    params: TalosParams
+
+    def build_model(self) -> tuple[MultiTaskModel, nn.Module]:
+        model = self.setup.build_model()
+        self.scored = scored_parameters(model, self.params.scored)
+        keep = set(self.scored)
+        for name, param in model.backbone.named_parameters(prefix="backbone"):
+            param.requires_grad_(name in keep)
+        return model, model
+
+    def build_phases(self) -> Phases:
+        """head-only, calibration, then the variant's last phase; a head-only length that leaves the last phase
+        no round is refused."""
+        rounds = self.setup.rounds
+        head = self.params.head_rounds if self.params.head_rounds is not None else self.default_head_rounds(rounds)
+        last = self.last_phase()
+        if head + 2 > rounds:
+            raise ManytaskError(
+                f"TaLoS needs head_rounds + 2 rounds at least (head-only, calibration, fine-tuning); "
+                f"head_rounds={head} with rounds={rounds}."
+            )
+        if last.rounds is not None and head + 1 + last.rounds != rounds:
+            raise ManytaskError(f"the run ends with its {last.name} round: rounds must be head_rounds + "
+                                f"{1 + last.rounds} = {head + 1 + last.rounds}, not {rounds}.")
+        return Phases([Phase(HEAD_ONLY, head), Phase(CALIBRATION, 1), last], rounds)
+
+    def default_head_rounds(self, rounds: int) -> int:
+        return max(1, rounds // 2)
+
+    def last_phase(self) -> Phase:
+        return Phase(SPARSE)
+
+
+def check_classification(setup: Setup) -> None:
+    """TaLoS samples labels from the model's predictive distribution: classification tasks only."""
+    others = [f"{name} ({spec.kind.value})" for name, spec in setup.specs.items()
+              if spec.kind is not TaskKind.CLASSIFICATION]
+    if others:
+        raise ManytaskError(f"TaLoS takes classification tasks only, not: {', '.join(others)}.")
+
+
+class TalosClient(TalosModel, HostClient):
+    def __init__(self, setup: Setup, params: TalosParams) -> None:
+        super().__init__(setup, params)
+        check_classification(setup)
+        self.phases = self.build_phases()
+
+    def phase(self, ctx: ClientContext) -> PhaseStep:
+        return self.phases.at(ctx.round_index)
+
+    def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
+        if self.phase(ctx).name == CALIBRATION:
+            return self.calibrate(ctx, payload)
+        return super().fit(ctx, payload)
+
+    def schedule(self, ctx: ClientContext) -> tuple[int, int]:
+        step = self.phase(ctx)
+        return step.local_round, step.length
+
+    def start(self, ctx: ClientContext, received: dict[str, Tensor], tasks: list[str]) -> TrainedCopy:
+        """The copy with only its phase's part trainable: the heads, or the scored backbone entries."""
+        copy = super().start(ctx, received, tasks)
+        heads = self.phase(ctx).name == HEAD_ONLY
+        keep = set(self.scored)
+        for name, param in copy.model.named_parameters():
+            param.requires_grad_(task_of_key(name) is not None if heads else name in keep)
+        return copy
+
+    def optimizer(self, ctx: ClientContext, copy: TrainedCopy) -> OptimizerFactory | None:
+        if self.phase(ctx).name == HEAD_ONLY:
+            return None
+        return sparse_sgdm(self.trainable_mask(ctx, copy), self.setup.train.momentum, self.setup.train.weight_decay)
+
+    def trainable_mask(self, ctx: ClientContext, copy: TrainedCopy) -> Masks:
+        """The entries this client moves: its own calibrated mask."""
+        if MASK_STATE not in ctx.state:
+            raise ManytaskError(f"client {ctx.client_id} has no TaLoS mask: it missed the calibration round.")
+        params = dict(copy.model.named_parameters())
+        return unpack_masks(ctx.state[MASK_STATE], {name: params[name] for name in self.scored})
+
+    def calibrate(self, ctx: ClientContext, payload: Message | None) -> Message:
+        """Compute this client's mask on the model it was sent, from stratified examples of its own data."""
+        model = self.start(ctx, self.received(ctx, payload), list(ctx.data)).model
+        rounds, soft_zero, raw_logit = self.params.calibration()
+        masks = calibrate_mask(
+            model, calibration_batches(ctx.data, self.params.calibration_examples, ctx.seed), self.params.sparsity,
+            rounds, soft_zero, self.params.scored, self.params.ranking == "per-layer", raw_logit,
+            derive_seed(ctx.seed, "fisher"),
+        )
+        return self.calibration_reply(ctx, masks)
+
+    def calibration_reply(self, ctx: ClientContext, masks: Masks) -> Message:
+        """Keep the mask; tell the server only how much of each parameter it leaves trainable."""
+        ctx.state[MASK_STATE] = pack_masks(masks)
+        return Message(scalars={**fit_scalars(ctx.data, {}), **trainable_fractions(masks)})
+
+
+def trainable_fractions(masks: Masks) -> dict[str, float]:
+    return {TRAINABLE_PREFIX + name: float(mask.float().mean()) for name, mask in masks.items()}
+
+
+class TalosServer(TalosModel, HostServer):
+    """FedAvg of what each phase trains; every client in the calibration round."""
+
+    everyone_in: tuple[str, ...] = (CALIBRATION,)  # phases in which every client takes part
+
+    def __init__(self, setup: Setup, params: TalosParams) -> None:
+        super().__init__(setup, params)
+        check_classification(setup)
+        self.phases = self.build_phases()
+        self.step = self.phases.at(0)
+
+    def participants(self, round_index: int, sampled: list[int]) -> list[int]:
+        return sorted(self.setup.holdings) if self.phases.at(round_index).name in self.everyone_in else sampled
+
+    def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
+        self.step = self.phases.at(round_index)
+        return super().configure_fit(round_index, clients)
+
+    def payload_for(self, client: int) -> Message:
+        """Its tasks' heads; the scored backbone too once it trains (before, clients hold it pretrained)."""
+        message = super().payload_for(client)
+        if self.step.name in (HEAD_ONLY, CALIBRATION):
+            return Message.from_tensors({k: v for k, v in message.tensors().items() if task_of_key(k) is not None})
+        return message
+
+    def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
+        step = self.phases.at(round_index)
+        if step.name == CALIBRATION:
+            log = self.aggregate_calibration({c: r for c, r in replies.items() if r is not None})
+        elif step.name == HEAD_ONLY:
+            log = super().aggregate_fit(round_index, replies)
+        else:
+            log = self.aggregate_sparse(round_index, replies)
+        return {**log, "phase": float(step.index)}
+
+    def aggregate_calibration(self, replies: Mapping[int, Message]) -> dict[str, float]:
+        """The clients' mean trainable fraction per scored parameter (where the masks land)."""
+        names = sorted({k for reply in replies.values() for k in reply.scalars if k.startswith(TRAINABLE_PREFIX)})
+        return {name: sum(float(r.scalars[name]) for r in replies.values()) / len(replies) for name in names}
+
+    def aggregate_sparse(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
+        """FedAvg + TaLoS (Algorithm 1): θ ← Σ_k n_k θ_k / n over the full scored vector."""
+        return super().aggregate_fit(round_index, replies)
