@@ -89,3 +89,20 @@ def test_fedavg_with_dea_on_a_dense_model_matches_the_local_engine_in_flower_sim
     a, b = summaries(*run_local_and_sim(tmp_path, config))
     assert set(a["tasks"]) == {"semseg", "depth", "normals", "edge"}
     assert a["tasks"] == b["tasks"] and (a["bytes_up"], a["bytes_down"]) == (b["bytes_up"], b["bytes_down"])
+
+
+def test_fl_talos_and_its_partition_variant_match_the_local_engine_in_flower_sim(tmp_path):
+    """FL + TaLoS: every client's mask (computed in the calibration round, packed bits) lives in Flower's
+    context.state and must be there in the sparse rounds; the partition variant's kept mask is server state and
+    its uploads are subset values. Both give the local engine's metrics, bytes and per-round logs."""
+    from tests.test_talos_methods import TALOS
+
+    methods = [{"name": "talos", **TALOS}, {"name": "talos-partition", **TALOS}]
+    local, sim = run_local_and_sim(tmp_path, small_config_dict(method=methods, rounds=5, participation=0.5))
+    for label in ("talos", "talos-partition"):
+        a, b = summaries(local / label, sim / label)
+        assert a["tasks"] == b["tasks"], label
+        assert (a["bytes_up"], a["bytes_down"]) == (b["bytes_up"], b["bytes_down"]), label
+        fits = [[json.loads(line)["fit"] for line in (run / label / "metrics.jsonl").read_text().splitlines()]
+                for run in (local, sim)]
+        assert fits[0] == fits[1] and [f["phase"] for f in fits[0]] == [0, 0, 1, 2, 2]
