@@ -9,6 +9,7 @@ from typing import Any
 from manytask.metric_names import CLIENT_VIEW_PREFIX
 from manytask.report.delta import delta_table, plot_delta_vs_round, resolve_base
 from manytask.report.graph import community_summary, plot_client_graph
+from manytask.report.masks import plot_mask_location
 from manytask.report.pictures import plot_prediction_grid
 from manytask.report.plots import (
     plot_accuracy_vs_bits,
@@ -198,6 +199,7 @@ def _single_report(
         *_similarity_plots([record], root / PLOTS),
         *_graph_plots([record], root / PLOTS, graph_rounds),
         *_prediction_grids([record], root / PLOTS),
+        *_mask_plots([record], root / PLOTS),
     ]
     return "\n".join([
         f"# Run report: {record.label}\n",
@@ -241,6 +243,16 @@ def _prediction_grids(records: list[RunRecord], folder: Path) -> list[tuple[str,
     return plots
 
 
+def _mask_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
+    """Where each TaLoS run's mask lands: the fraction trainable per block and parameter."""
+    plots = []
+    for record in records:
+        path = plot_mask_location(record, folder / f"mask_location_{record.label}.png")
+        if path is not None:
+            plots.append((f"Where the mask lands: fraction trainable per block and parameter ({record.label})", path))
+    return plots
+
+
 def _run_section(record: RunRecord) -> str:
     """A short section on one member of a comparison: setup line, per-task table, averages."""
     s = record.summary
@@ -270,6 +282,7 @@ def _comparison_report(
         *_graph_plots(records, root / PLOTS, graph_rounds),
         *_sweep_plots(records, root / PLOTS),
         *_prediction_grids(records, root / PLOTS),
+        *_mask_plots(records, root / PLOTS),
     ]
     return "\n".join([
         "# Comparison report\n",
