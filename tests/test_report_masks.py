@@ -11,13 +11,13 @@ from tests.test_talos_methods import TALOS
 
 
 def test_block_grid_puts_each_parameter_in_its_block_row_and_its_own_column():
-    vit = "backbone.model.encoder.layer"
+    vit = "backbone.model.layers"
     rows, columns, grid = block_grid({
-        f"{vit}.0.attention.attention.query.weight": 0.1, f"{vit}.0.intermediate.dense.bias": 0.2,
-        f"{vit}.1.attention.attention.query.weight": 0.3, "backbone.proj.weight": 0.4,
+        f"{vit}.0.attention.q_proj.weight": 0.1, f"{vit}.0.mlp.fc1.bias": 0.2,
+        f"{vit}.1.attention.q_proj.weight": 0.3, "backbone.proj.weight": 0.4,
     })
     assert rows == ["block 0", "block 1", "other"]
-    assert columns == ["attn.query.w", "fc1.b", "backbone.proj.w"]
+    assert columns == ["attn.q_proj.w", "fc1.b", "backbone.proj.w"]
     assert grid[0].tolist()[:2] == [0.1, 0.2] and grid[1, 0] == 0.3 and grid[2, 2] == 0.4
     assert math.isnan(grid[1, 1]) and math.isnan(grid[0, 2])
 

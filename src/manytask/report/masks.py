@@ -17,9 +17,8 @@ from manytask.report.runs import RunRecord
 PANELS = {"trainable/": "clients' masks (mean)", "kept/trainable/": "server's kept set (votes)"}
 BLOCK = re.compile(r"^(?P<before>.*?)\.(?P<block>\d+)\.(?P<inside>.+)$")  # the first numbered module is the block
 # Shorter column names for the parameters of a transformers ViT block
-SHORT = (("attention.attention.", "attn."), ("attention.output.dense", "attn.out"), ("intermediate.dense", "fc1"),
-         ("output.dense", "fc2"), ("layernorm_before", "ln1"), ("layernorm_after", "ln2"), (".weight", ".w"),
-         (".bias", ".b"))
+SHORT = (("attention.", "attn."), ("mlp.", ""), ("layernorm_before", "ln1"), ("layernorm_after", "ln2"),
+         (".weight", ".w"), (".bias", ".b"))
 
 
 def mask_fractions(record: RunRecord) -> dict[str, dict[str, float]]:

@@ -13,7 +13,8 @@ d − round(ρ*·d) trainable (True).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -58,6 +59,17 @@ def fisher_diagonal(
     BatchNorm uses its running statistics and one example's score never depends on the others."""
     was_training = model.training
     model.eval()
+    try:
+        with eager_attention(model):
+            return _fisher(model, batches, names, generator, raw_logit)
+    finally:
+        model.train(was_training)
+
+
+def _fisher(
+    model: nn.Module, batches: Iterable[tuple[str, Tensor]], names: Sequence[str], generator: torch.Generator,
+    raw_logit: bool,
+) -> dict[str, Tensor]:
     params = dict(model.named_parameters())
     fixed = {**{n: p.detach() for n, p in params.items() if n not in names}, **dict(model.named_buffers())}
     totals = {n: torch.zeros_like(params[n]) for n in names}
@@ -74,8 +86,22 @@ def fisher_diagonal(
         for name, grads in per_example.items():
             totals[name] += grads.pow(2).sum(dim=0)
         count += len(x)
-    model.train(was_training)
     return {name: total / max(count, 1) for name, total in totals.items()}
+
+
+@contextmanager
+def eager_attention(model: nn.Module) -> Iterator[None]:
+    """Hugging Face models inside `model` switched to their plain (eager) attention, then back: the fused SDPA
+    kernels have no vmap batching rule, and vmap would fall back to a Python loop over the examples."""
+    switched = [(m, m.config._attn_implementation) for m in model.modules()
+                if hasattr(m, "set_attn_implementation") and m.config._attn_implementation != "eager"]
+    for module, _ in switched:
+        module.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        for module, previous in switched:
+            module.set_attn_implementation(previous)
 
 
 def most_sensitive(scores: dict[str, Tensor], fraction: float, per_layer: bool = False) -> Masks:
