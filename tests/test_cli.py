@@ -21,7 +21,7 @@ def _write_config(tmp_path, **overrides):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["method=fedsgd"], "unknown method 'fedsgd'; valid choices: centralized, fedacg, fedavg"),
+        (["method=fedsgd"], "unknown method 'fedsgd'; valid choices: centralized, centralized-head-only"),
         (["benchmark=cifar"], "unknown benchmark 'cifar'; valid choices: cifar10, cifar100, digits-tasks"),
         (["train.lrr=0.1"], "unknown config key 'train.lrr'; valid keys here: optimizer, lr"),
         (["rounds=many"], "config key 'rounds' is invalid"),

@@ -10,6 +10,7 @@ from manytask.benchmarks import (  # noqa: F401  (imported to register them)
     mnist,
     mnist1d,
     rotated_masked,
+    scene_objects,
     scenes,
     synthetic,
 )

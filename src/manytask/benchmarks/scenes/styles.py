@@ -127,22 +127,34 @@ def sample_scenes(style_ids: Sequence[int], seed: int, *keys: int | str) -> Scen
     mix = np.cumsum([s.mix for s in chosen], axis=1)
     kind = (uniform("kind", MAX_OBJECTS)[..., None] > mix[:, None, :2]).sum(-1)
     size = _sizes(kind, uniform("size", MAX_OBJECTS, 3))
-    footprint = np.where(kind == BOX, np.hypot(size[..., 0], size[..., 2]), size[..., 0])
+    footprint = footprints(kind, size)
     cells = GRID[uniform("cell", len(GRID)).argsort(axis=1)[:, :MAX_OBJECTS]]
     offset = (uniform("offset", MAX_OBJECTS, 2) * 2 - 1) * (CELL / 2 - footprint)[..., None]
     center = np.stack([cells[..., 0] + offset[..., 0], size[..., 1], cells[..., 1] + offset[..., 1]], -1)
     palette = np.array([s.palette for s in chosen])
     jitter = (uniform("colour", MAX_OBJECTS + 2, 3) * 2 - 1) * COLOUR_JITTER
     colour = np.clip(np.take_along_axis(palette, 2 + kind[..., None], 1) + jitter[:, 2:], 0, 1)
-    image, slot = np.nonzero(np.arange(MAX_OBJECTS) < count[:, None])
-    objects = Objects(
-        *(torch.from_numpy(a) for a in (image, slot, kind[image, slot])),
-        *(torch.tensor(a[image, slot], dtype=torch.float32) for a in (center, size)),
-        torch.tensor(uniform("yaw", MAX_OBJECTS)[image, slot] * 2 * np.pi, dtype=torch.float32),
-        torch.tensor(colour[image, slot], dtype=torch.float32),
-    )
+    objects = place_objects(count, kind, center, size, uniform("yaw", MAX_OBJECTS) * 2 * np.pi, colour)
     plane_colours = np.clip(palette[:, :2] + jitter[:, :2], 0, 1)
-    return Scene(_cameras(chosen, uniform("camera", 3)), objects, _look(chosen, plane_colours))
+    return Scene(cameras(chosen, uniform("camera", 3)), objects, _look(chosen, plane_colours))
+
+
+def place_objects(
+    count: np.ndarray, kind: np.ndarray, center: np.ndarray, size: np.ndarray, yaw: np.ndarray, colour: np.ndarray
+) -> Objects:
+    """The flat `Objects` table of per-slot arrays (n, MAX_OBJECTS, ...): image i keeps its first count[i] slots.
+
+    Other scene builders lay out their objects as dense slot arrays too, so they share this packing."""
+    image, slot = np.nonzero(np.arange(MAX_OBJECTS) < count[:, None])
+    return Objects(
+        *(torch.from_numpy(a) for a in (image, slot, kind[image, slot])),
+        *(torch.tensor(a[image, slot], dtype=torch.float32) for a in (center, size, yaw, colour)),
+    )
+
+
+def footprints(kind: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Radius about the centre, on the floor, that an object covers at any yaw (boxes: their half-diagonal)."""
+    return np.where(kind == BOX, np.hypot(size[..., 0], size[..., 2]), size[..., 0])
 
 
 def _sizes(kind: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -154,7 +166,7 @@ def _sizes(kind: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.select([kind[..., None] == k for k in (SPHERE, BOX, CYLINDER)], [sphere, box, cylinder])
 
 
-def _cameras(chosen: Sequence[Style], u: np.ndarray) -> Camera:
+def cameras(chosen: Sequence[Style], u: np.ndarray) -> Camera:
     """Cameras at the style's height (±10 %) and pitch (±3°), turned up to CAMERA_YAW about the scene centre."""
     height = np.array([s.camera_height for s in chosen]) * (0.9 + 0.2 * u[:, 0])
     pitch = np.radians(np.array([s.pitch_deg for s in chosen]) + (u[:, 1] * 2 - 1) * 3)
