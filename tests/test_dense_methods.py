@@ -12,8 +12,11 @@ from manytask.methods.registry import HOST, METHODS, PLUGINS
 from manytask.run import run_config
 
 NYUD_LIKE = {"semseg", "depth", "normals", "edge"}
-# Methods that share one whole model (head included) across one-task clients, or keep per-class anchors.
-REFUSED = {"fedu": "same number of outputs", "pfedme": "same number of outputs", "sfmtl-graph": "classification"}
+# Methods that share one whole model (head included) across one-task clients, keep per-class anchors, or sample
+# labels from the model's predictive distribution (TaLoS's Fisher scores).
+TALOS = "TaLoS takes classification tasks only"
+REFUSED = {"fedu": "same number of outputs", "pfedme": "same number of outputs", "sfmtl-graph": "classification",
+           **dict.fromkeys(["talos", "talos-partition", "talos-oneshot", "centralized-talos"], TALOS)}
 HOSTS = sorted(e.name for e in METHODS.entries() if e.target.family == HOST)
 
 
