@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -233,24 +233,28 @@ def _sweep_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path
             for (plugin, param), sweep in plugin_sweeps(records).items()]
 
 
-def _prediction_grids(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
-    """Input, truth and prediction of each dense task on a few test images, for every run that kept them."""
+def _per_run_plots(
+    records: list[RunRecord], folder: Path, name: str, plot: Callable[[RunRecord, Path], Path | None], title: str
+) -> list[tuple[str, Path]]:
+    """One plot per run that has what `plot` draws (it returns None for the others)."""
     plots = []
     for record in records:
-        path = plot_prediction_grid(record, folder / f"predictions_{record.label}.png")
+        path = plot(record, folder / f"{name}_{record.label}.png")
         if path is not None:
-            plots.append((f"Test images: truth and prediction per task ({record.label})", path))
+            plots.append((f"{title} ({record.label})", path))
     return plots
+
+
+def _prediction_grids(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
+    """Input, truth and prediction of each dense task on a few test images, for every run that kept them."""
+    return _per_run_plots(records, folder, "predictions", plot_prediction_grid,
+                          "Test images: truth and prediction per task")
 
 
 def _mask_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
     """Where each TaLoS run's mask lands: the fraction trainable per block and parameter."""
-    plots = []
-    for record in records:
-        path = plot_mask_location(record, folder / f"mask_location_{record.label}.png")
-        if path is not None:
-            plots.append((f"Where the mask lands: fraction trainable per block and parameter ({record.label})", path))
-    return plots
+    return _per_run_plots(records, folder, "mask_location", plot_mask_location,
+                          "Where the mask lands: fraction trainable per block and parameter")
 
 
 def _run_section(record: RunRecord) -> str:
