@@ -188,3 +188,11 @@ def test_head_only_keeps_the_backbone_at_its_start(tmp_path):
     assert server.global_state and all(task_of_key(k) is not None for k in server.global_state)
     run = run_config(validate(small_config_dict(method=["head-only", "fedavg"], rounds=2)), tmp_path / "r")
     assert run["head-only"]["bytes_up"] < run["fedavg"]["bytes_up"] / 3
+
+
+def test_the_original_talos_variant_and_explicit_settings_pick_the_calibration():
+    from manytask.methods.talos.program import TalosParams
+
+    assert TalosParams().calibration() == (10, 0.01, False)  # the FL paper: R 10, soft-zero 0.01, log p(ŷ|x)
+    assert TalosParams(variant="original").calibration() == (4, 0.1, True)  # TaLoS's code: raw logit
+    assert TalosParams(variant="original", calibration_rounds=2, soft_zero=0.0).calibration() == (2, 0.0, True)
