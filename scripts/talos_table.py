@@ -1,6 +1,6 @@
 """FL + TaLoS's table (paper Table 4) from finished comparison directories: final test accuracy per method and data
-split, the accuracy at the end of the head-only phase (where the paper starts TaLoS), the mean upload per training
-round and the mean client seconds of the calibration round.
+split, the last accuracy evaluated in the head-only phase (where the paper starts TaLoS), the mean upload per
+training round and the mean client seconds of the calibration round.
 
     .venv/bin/python scripts/talos_table.py IID=runs/iid "N_c=50=runs/nc50" ... [--centralized runs/central]
 
@@ -22,8 +22,10 @@ def phase_rounds(record: RunRecord, phase: int) -> list[dict]:
     return [row for row in record.metrics if (row.get("fit") or {}).get("phase") == phase]
 
 
-def accuracy_at(record: RunRecord, round_: int) -> float | None:
-    return next((row["average"] for row in eval_rows(record) if row["round"] == round_), None)
+def last_evaluation(record: RunRecord, round_: int) -> tuple[int, float] | None:
+    """(round, average) of the last evaluation at or before `round_`."""
+    rows = [row for row in eval_rows(record) if row["round"] <= round_]
+    return (rows[-1]["round"], rows[-1]["average"]) if rows else None
 
 
 def head_phase_end(record: RunRecord) -> int | None:
@@ -44,9 +46,9 @@ def calibration_seconds(record: RunRecord) -> float | None:
 
 def cell(record: RunRecord) -> str:
     end = head_phase_end(record)
-    before = None if end is None else accuracy_at(record, end)
+    before = None if end is None else last_evaluation(record, end)
     text = f"{record.summary['average']:.1%}"
-    return text if before is None else f"{text} (head {before:.1%})"
+    return text if before is None else f"{text} (head-only phase: {before[1]:.1%} at round {before[0]})"
 
 
 def main() -> None:
