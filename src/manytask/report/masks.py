@@ -63,9 +63,9 @@ def plot_mask_location(record: RunRecord, path: str | Path) -> Path | None:
     grids = {prefix: block_grid(values) for prefix, values in panels.items()}
     width = max(len(columns) for _, columns, _ in grids.values())
     height = max(len(rows) for rows, _, _ in grids.values())
-    figure = new_figure((min(2 + 0.55 * width, 18) * len(grids), 1.5 + 0.45 * height))
+    figure = new_figure((min(3 + 0.5 * width, 16), (1.9 + 0.4 * height) * len(grids)))
     for index, (prefix, (rows, columns, grid)) in enumerate(grids.items(), start=1):
-        axes = figure.add_subplot(1, len(grids), index)
+        axes = figure.add_subplot(len(grids), 1, index)
         image = axes.imshow(grid, cmap="viridis", vmin=0.0, vmax=max(float(np.nanmax(grid)), 1e-6), aspect="auto")
         axes.set_xticks(range(len(columns)), columns, rotation=60, ha="right", fontsize=7)
         axes.set_yticks(range(len(rows)), rows, fontsize=7)

@@ -202,7 +202,8 @@ class TalosServer(TalosModel, HostServer):
 
     def aggregate_calibration(self, replies: Mapping[int, Message]) -> dict[str, float]:
         """The clients' mean trainable fraction per scored parameter (where the masks land)."""
-        names = sorted({k for reply in replies.values() for k in reply.scalars if k.startswith(TRAINABLE_PREFIX)})
+        names = list(dict.fromkeys(k for reply in replies.values() for k in reply.scalars
+                                   if k.startswith(TRAINABLE_PREFIX)))  # model order, as the clients sent them
         return {name: sum(float(r.scalars[name]) for r in replies.values()) / len(replies) for name in names}
 
     def aggregate_sparse(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
