@@ -5,7 +5,7 @@ hosts: methods with one global model whose clients train what they were sent).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from manytask.errors import ManytaskError
 from manytask.methods.base import MethodDef
@@ -44,6 +44,15 @@ def register_method(name: str, method: MethodDef, params: type[Params] = Params,
     if method.family not in FAMILIES:
         raise ValueError(f"method '{name}': unknown family '{method.family}'")
     METHODS.register(name, params, description)(method)
+
+
+def register_with_centralized(
+    name: str, method: MethodDef, params: type[Params], description: str, centralized: str
+) -> None:
+    """Register a method and `centralized-<name>`, its reference: the same programs on the pooled federation (one
+    client per task holding all of its data)."""
+    register_method(name, method, params, description)
+    register_method(f"centralized-{name}", replace(method, pooled=True, family=REFERENCE), params, centralized)
 
 
 def register_plugin(name: str, plugin: PluginDef, params: type[Params] = Params, description: str = "") -> None:

@@ -5,14 +5,11 @@ mask and FedAvg of the full scored vector. `centralized-talos` is the same progr
 from __future__ import annotations
 
 from manytask.methods.base import MethodDef
-from manytask.methods.registry import REFERENCE, SPARSE, register_method
+from manytask.methods.registry import SPARSE, register_with_centralized
 from manytask.methods.talos.program import TalosClient, TalosParams, TalosServer
 
-register_method(
+register_with_centralized(
     "talos", MethodDef(TalosClient, TalosServer, family=SPARSE), TalosParams,
     "FL + TaLoS: head-only, per-client Fisher masks, then SparseSGDM fine-tuning averaged with FedAvg",
-)
-register_method(
-    "centralized-talos", MethodDef(TalosClient, TalosServer, pooled=True, family=REFERENCE), TalosParams,
     "Centralized TaLoS: head-only then sparse fine-tuning on all of each task's data",
 )

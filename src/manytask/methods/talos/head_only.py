@@ -8,7 +8,7 @@ from torch import nn
 
 from manytask.methods.base import MethodDef
 from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer
-from manytask.methods.registry import HOST, REFERENCE, register_method
+from manytask.methods.registry import HOST, register_with_centralized
 from manytask.models.multitask import MultiTaskModel
 
 
@@ -29,11 +29,8 @@ class HeadOnlyServer(HeadOnlyModel, HostServer):
     pass
 
 
-register_method(
+register_with_centralized(
     "head-only", MethodDef(HeadOnlyClient, HeadOnlyServer, family=HOST), HostParams,
     "FL head-only: FedAvg of the heads over a frozen (pretrained) backbone",
-)
-register_method(
-    "centralized-head-only", MethodDef(HeadOnlyClient, HeadOnlyServer, pooled=True, family=REFERENCE), HostParams,
     "Centralized head-only: the heads trained on all of each task's data over a frozen backbone",
 )
