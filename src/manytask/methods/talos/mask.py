@@ -109,9 +109,7 @@ def most_sensitive(scores: dict[str, Tensor], fraction: float, per_layer: bool =
     each parameter tensor; ties go to the lower index (a stable sort), so the choice is deterministic."""
     if per_layer:
         return {name: _top(s.flatten(), fraction).view_as(s) for name, s in scores.items()}
-    flat = _top(torch.cat([s.flatten() for s in scores.values()]), fraction)
-    pieces = flat.split([s.numel() for s in scores.values()])
-    return {name: piece.view_as(s) for (name, s), piece in zip(scores.items(), pieces, strict=True)}
+    return unflatten(_top(flatten(scores), fraction), scores)
 
 
 def _top(values: Tensor, fraction: float) -> Tensor:
@@ -155,15 +153,23 @@ def calibrate_mask(
     return {name: ~mask for name, mask in sensitive.items()}
 
 
+def flatten(tensors: Mapping[str, Tensor]) -> Tensor:
+    """All entries in one vector: parameter order, then row-major."""
+    return torch.cat([t.flatten() for t in tensors.values()])
+
+
+def unflatten(flat: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Inverse of `flatten`, shaped like the tensors of `like` (same names, same order)."""
+    pieces = flat.split([t.numel() for t in like.values()])
+    return {name: piece.view(t.shape) for (name, t), piece in zip(like.items(), pieces, strict=True)}
+
+
 def pack_masks(masks: Mapping[str, Tensor]) -> Tensor:
     """All masks as one bit per entry (uint8, in `masks` order): how a client keeps its mask between rounds."""
-    flat = torch.cat([m.flatten() for m in masks.values()]).numpy()
-    return torch.from_numpy(np.packbits(flat))
+    return torch.from_numpy(np.packbits(flatten(masks).numpy()))
 
 
 def unpack_masks(bits: Tensor, like: Mapping[str, Tensor]) -> Masks:
     """Inverse of `pack_masks`, shaped like the tensors of `like` (same names, same order)."""
     count = sum(t.numel() for t in like.values())
-    flat = torch.from_numpy(np.unpackbits(bits.numpy(), count=count).astype(np.bool_))
-    pieces = flat.split([t.numel() for t in like.values()])
-    return {name: piece.view(t.shape) for (name, t), piece in zip(like.items(), pieces, strict=True)}
+    return unflatten(torch.from_numpy(np.unpackbits(bits.numpy(), count=count).astype(np.bool_)), like)

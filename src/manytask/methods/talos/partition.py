@@ -15,26 +15,17 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-Masks = dict[str, Tensor]
-
-
-def _flat(masks: Mapping[str, Tensor]) -> Tensor:
-    return torch.cat([m.flatten() for m in masks.values()])
-
-
-def _unflat(flat: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    pieces = flat.split([t.numel() for t in like.values()])
-    return {name: piece.view_as(t) for (name, t), piece in zip(like.items(), pieces, strict=True)}
+from manytask.methods.talos.mask import Masks, flatten, unflatten
 
 
 def vote_kept(masks: Sequence[Mapping[str, Tensor]], sparsity: float) -> Masks:
     """The (1 − ρ*) fraction of entries most clients call least sensitive (True = kept), over all parameters."""
     if not masks:
         raise ValueError("voting needs at least one client mask")
-    votes = torch.stack([_flat(m).to(torch.int64) for m in masks]).sum(dim=0)
+    votes = torch.stack([flatten(m).to(torch.int64) for m in masks]).sum(dim=0)
     kept = torch.zeros(votes.numel(), dtype=torch.bool)
     kept[torch.sort(votes, descending=True, stable=True).indices[: round((1 - sparsity) * votes.numel())]] = True
-    return _unflat(kept, masks[0])
+    return unflatten(kept, masks[0])
 
 
 def partition(kept: Mapping[str, Tensor], parts: int, seed: int) -> list[Masks]:
@@ -42,14 +33,14 @@ def partition(kept: Mapping[str, Tensor], parts: int, seed: int) -> list[Masks]:
     contiguous runs."""
     if parts < 1:
         raise ValueError(f"a partition needs at least one part; got {parts}")
-    flat = _flat(kept)
+    flat = flatten(kept)
     indices = flat.nonzero().squeeze(1)
     order = indices[torch.randperm(len(indices), generator=torch.Generator().manual_seed(seed))]
     owned = []
     for chunk in order.tensor_split(parts):
         mask = torch.zeros_like(flat, dtype=torch.bool)
         mask[chunk] = True
-        owned.append(_unflat(mask, kept))
+        owned.append(unflatten(mask, kept))
     return owned
 
 
