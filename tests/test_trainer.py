@@ -88,7 +88,9 @@ def test_hooks_see_the_forward_pass_already_done_and_it_runs_once_per_task():
     model = _model()
     model.backbone.register_forward_hook(lambda *_: calls.append(1))
     config = TrainConfig(lr=0.1, local_steps=3, lr_schedule="linear")
-    Trainer(config, SPECS).train(model, _data(), seed=0, round_index=1, total_rounds=4, hooks=[Record()])
+    data = _data()
+    data["b"] = (data["b"][0].flip(0), data["b"][1].flip(0))  # other inputs: each task its own forward
+    Trainer(config, SPECS).train(model, data, seed=0, round_index=1, total_rounds=4, hooks=[Record()])
     assert [s for s, _, _ in seen] == [0, 1, 2] and all(lr == pytest.approx(0.075) for _, lr, _ in seen)
     assert all(tasks == ["a", "b"] for _, _, tasks in seen)
     assert len(calls) == 3 * 2 + 3 * 2  # the trainer's 2 forwards per step, plus the hook's own 2 checks
@@ -205,3 +207,30 @@ def test_a_host_client_passes_its_loss_combiner_to_the_trainer():
     for task in tasks[1:]:
         assert torch.equal(reply.tensor(f"heads.{task}.weight"), payload.tensor(f"heads.{task}.weight"))
     assert not torch.equal(reply.tensor(f"heads.{tasks[0]}.weight"), payload.tensor(f"heads.{tasks[0]}.weight"))
+
+
+def test_tasks_labelling_the_same_inputs_share_each_batch_and_one_encoder_pass():
+    seen, calls = [], []
+
+    class Record(TrainHook):
+        def before_backward(self, step):
+            assert step.batches["a"][0] is step.batches["b"][0]  # one batch of inputs, labelled for every task
+            with torch.no_grad():
+                for task, (x, y) in step.batches.items():
+                    assert torch.equal(step.outputs[task], step.model(x, task))
+                    assert step.losses[task].item() == pytest.approx(SPECS[task].loss(step.outputs[task], y).item())
+            seen.append(len(calls))
+
+    model = _model()
+    model.backbone.register_forward_hook(lambda *_: calls.append(1))
+    data = _data()
+    labels = {task: dict(zip(map(tuple, x.tolist()), y.tolist(), strict=True)) for task, (x, y) in data.items()}
+    config = TrainConfig(lr=0.1, local_steps=3, batch_size=16)
+
+    class Labels(TrainHook):
+        def after_step(self, step):  # each task's targets are its own labels of the shared images
+            for task, (x, y) in step.batches.items():
+                assert [labels[task][tuple(row)] for row in x.tolist()] == y.tolist()
+
+    Trainer(config, SPECS).train(model, data, seed=0, round_index=0, total_rounds=1, hooks=[Record(), Labels()])
+    assert seen == [3, 6, 9]  # per step: ONE encoder pass of the trainer, then the check's own two

@@ -67,6 +67,10 @@ class TrainHook:
         """A term added to the step's loss (a proximal or contrastive term, an anchor loss), or None."""
         return None
 
+    def before_backward(self, step: StepContext) -> None:
+        """Runs after the step's loss is assembled, while the forward graph is intact: the place for measurements
+        that differentiate the task losses themselves (MAS's lookahead affinities)."""
+
     def after_backward(self, step: StepContext) -> None:
         """Runs between backward() and the optimizer step: the place for gradient edits."""
 
@@ -129,21 +133,28 @@ class Trainer:
         lr = self.config.lr_at(round_index, total_rounds)
         factory = optimizer or config_optimizer(self.config.optimizer, self.config.momentum, self.config.weight_decay)
         opt = factory(named, lr)
-        batches = {task: shuffled_batches(x, y, self.config.batch_size, seed, task) for task, (x, y) in data.items()}
+        shared = shares_inputs(data)
+        batches = self._batches(data, seed, shared)
         totals = dict.fromkeys(data, 0.0)
         steps = self.num_steps(data)
         model.train()
         for index in range(steps):
             opt.zero_grad(set_to_none=True)
             step = StepContext(index, lr, model)
-            for task, stream in batches.items():
-                self._forward(step, task, next(stream))
+            if shared:
+                self._forward_shared(step, data, next(batches["shared"]))
+            else:
+                for task, stream in batches.items():
+                    self._forward(step, task, next(stream))
+            for task in data:
                 totals[task] += step.losses[task].item()
             loss = combine(step)
             for hook in hooks:
                 extra = hook.loss(step)
                 if extra is not None:
                     loss = loss + extra
+            for hook in hooks:
+                hook.before_backward(step)
             loss.backward()
             for hook in hooks:
                 hook.after_backward(step)
@@ -154,6 +165,28 @@ class Trainer:
                 hook.after_step(step)
         return TrainReport(steps, {task: total / max(steps, 1) for task, total in totals.items()})
 
+    def _batches(self, data: TaskData, seed: int, shared: bool) -> dict[str, Iterator]:
+        """One endless batch stream per task, or, when every task labels the same inputs, one stream of indices
+        that all tasks follow (so one step sees one batch of images, labelled for every task)."""
+        size = self.config.batch_size
+        if shared:
+            return {"shared": shuffled_indices(len(next(iter(data.values()))[1]), size, seed, "shared")}
+        return {task: shuffled_batches(x, y, size, seed, task) for task, (x, y) in data.items()}
+
+    def _forward_shared(self, step: StepContext, data: TaskData, chosen: Tensor) -> None:
+        """Every task on the same batch; the encoder runs once when the model can share it (`forward_many`)."""
+        x = next(iter(data.values()))[0][chosen]
+        many = getattr(step.model, "forward_many", None)
+        results = many(x, list(data)) if many is not None else {
+            task: step.model.forward_with_features(x, task) for task in data
+        }
+        for task, (outputs, features) in results.items():
+            y = data[task][1][chosen]
+            step.batches[task] = (x, y)
+            step.outputs[task] = outputs
+            step.features[task] = features
+            step.losses[task] = self.specs[task].loss(outputs, y)
+
     def _forward(self, step: StepContext, task: str, batch: tuple[Tensor, Tensor]) -> None:
         x, y = batch
         outputs, features = step.model.forward_with_features(x, task)
@@ -163,14 +196,28 @@ class Trainer:
         step.losses[task] = self.specs[task].loss(outputs, y)
 
 
-def shuffled_batches(x: Tensor, y: Tensor, batch_size: int, seed: int, task: str) -> Iterator[tuple[Tensor, Tensor]]:
-    """Endless shuffled mini-batches; each pass over the data is a fresh seeded permutation."""
-    generator = torch_generator(seed, "batches", task)
+def shares_inputs(data: TaskData) -> bool:
+    """True when a client holds several tasks that label the very same inputs (one dataset, many labels)."""
+    inputs = [x for x, _ in data.values()]
+    first = inputs[0] if inputs else None
+    return len(inputs) > 1 and all(
+        x is first or (x.shape == first.shape and torch.equal(x, first)) for x in inputs[1:]
+    )
+
+
+def shuffled_indices(count: int, batch_size: int, seed: int, key: str) -> Iterator[Tensor]:
+    """Endless shuffled mini-batches of indices; each pass over the data is a fresh seeded permutation."""
+    generator = torch_generator(seed, "batches", key)
     while True:
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), batch_size):
-            chosen = order[start : start + batch_size]
-            yield x[chosen], y[chosen]
+        order = torch.randperm(count, generator=generator)
+        for start in range(0, count, batch_size):
+            yield order[start : start + batch_size]
+
+
+def shuffled_batches(x: Tensor, y: Tensor, batch_size: int, seed: int, task: str) -> Iterator[tuple[Tensor, Tensor]]:
+    """Endless shuffled mini-batches of one task."""
+    for chosen in shuffled_indices(len(y), batch_size, seed, task):
+        yield x[chosen], y[chosen]
 
 
 @torch.no_grad()

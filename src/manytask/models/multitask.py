@@ -7,7 +7,7 @@ task trains."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -59,6 +59,14 @@ class MultiTaskModel(nn.Module):
             return self.decode(task, self.backbone.pyramid(x), x)
         features = self.backbone(x)
         return self.heads[task](features), features
+
+    def forward_many(self, x: Tensor, tasks: Sequence[str]) -> dict[str, tuple[Tensor, Tensor]]:
+        """`forward_with_features` of several tasks on one batch, running the encoder once (an all-in-one
+        multi-task model: one image, every decoder)."""
+        dense = [t for t in tasks if t in self.dense]
+        maps = self.backbone.pyramid(x) if dense else None
+        features = self.backbone(x) if len(dense) < len(tasks) else None
+        return {t: self.decode(t, maps, x) if t in self.dense else (self.heads[t](features), features) for t in tasks}
 
     def decode(self, task: str, maps: list[Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
         """A dense task's map at the size of `x` from the encoder's pyramid, and the pooled deepest level."""
