@@ -84,4 +84,6 @@ def _holder_shares(allocation: Allocation, name: str, task: Task) -> dict[int, f
 def _task_samples(task: Task, shares: dict[int, float]) -> TaskSamples:
     labels = None if task.labels is None else task.labels.cpu().numpy()
     weights = np.array([shares[c] for c in sorted(shares)], dtype=np.float64)
-    return TaskSamples(task.name, task.num_train, labels, weights / weights.sum())
+    groups = task.metadata.get("sample_groups")
+    groups = None if groups is None else np.asarray(groups, dtype=np.int64)
+    return TaskSamples(task.name, task.num_train, labels, weights / weights.sum(), groups)

@@ -124,14 +124,23 @@ def _check_shards(num_samples: int, num_classes: int, num_holders: int, per_clie
         )
 
 
+def natural_partition(groups: np.ndarray) -> list[np.ndarray]:
+    """The samples of each group, one array per distinct group id in ascending order (ids 0..G−1: holder k gets
+    group k)."""
+    ids, inverse = np.unique(groups, return_inverse=True)
+    return _split(np.argsort(inverse, kind="stable"), np.bincount(inverse, minlength=len(ids)))
+
+
 @dataclass(frozen=True)
 class TaskSamples:
-    """What a partitioner sees of one task: name, sample count, labels (None: regression), holder shares."""
+    """What a partitioner sees of one task: name, sample count, labels (None: regression), holder shares, and the
+    natural group of each sample (e.g. its building; None: the benchmark has no natural split)."""
 
     task: str
     num_samples: int
     labels: np.ndarray | None
     shares: np.ndarray
+    groups: np.ndarray | None = None
 
 
 SamplePartitioner = Callable[[TaskSamples, Any, np.random.Generator], list[np.ndarray]]
@@ -170,3 +179,19 @@ def _dirichlet(samples: TaskSamples, params: DirichletParams, rng: np.random.Gen
 def _shards(samples: TaskSamples, params: ShardParams, rng: np.random.Generator) -> list[np.ndarray]:
     labels = _labels_of(samples, "shards")
     return label_shard_partition(labels, len(samples.shares), params.classes_per_client, rng)
+
+
+@SAMPLE_PARTITIONERS.register("natural", Params, "one holder per natural group of samples (e.g. a building), in order")
+def _natural(samples: TaskSamples, params: Params, rng: np.random.Generator) -> list[np.ndarray]:
+    if samples.groups is None:
+        raise ManytaskError(
+            f"the benchmark of task '{samples.task}' has no natural client split; use samples: {{kind: iid}} "
+            "or another sample partitioner."
+        )
+    parts = natural_partition(samples.groups)
+    if len(parts) != len(samples.shares):
+        raise ManytaskError(
+            f"task '{samples.task}' has {len(parts)} natural clients (sample groups such as buildings) but "
+            f"{len(samples.shares)} holders; set federation.num_clients: {len(parts)} with tasks: {{kind: all}}."
+        )
+    return parts

@@ -238,7 +238,8 @@ def choose(examples: list, limit: int | None, rng: np.random.Generator) -> list:
 @dataclass(frozen=True)
 class DenseSource:
     """A dataset on disk: its name (the benchmark's), the image file of an example, the folders that must exist,
-    the train and test examples, and the selected tasks' targets."""
+    the train and test examples, the selected tasks' targets, and the natural group of a training example (e.g.
+    its building; None: the dataset has no natural client split)."""
 
     name: str
     image_file: Callable[[Any], Path]
@@ -246,6 +247,7 @@ class DenseSource:
     train: list
     test: list
     targets: dict[str, Target]
+    group: Callable[[Any], int] | None = None
 
 
 def check_files(source: DenseSource, examples: list) -> None:
@@ -275,7 +277,8 @@ def load_split(source: DenseSource, examples: list, size: int) -> tuple[Tensor, 
 
 
 def dense_benchmark(source: DenseSource, params: DenseParams, seed: int, description: str, metadata: dict) -> Benchmark:
-    """Every selected task of `source` on one shared pair of image tensors, after seeded subsampling."""
+    """Every selected task of `source` on one shared pair of image tensors, after seeded subsampling; with
+    `source.group`, every task's metadata `sample_groups` is the group of each kept training example."""
     train = choose(source.train, params.max_train, numpy_rng(seed, source.name, "train"))
     test = choose(source.test, params.max_test, numpy_rng(seed, source.name, "test"))
     check_files(source, train + test)
@@ -286,5 +289,9 @@ def dense_benchmark(source: DenseSource, params: DenseParams, seed: int, descrip
                          description=target.description)
         for task, target in source.targets.items()
     }
+    if source.group is not None:
+        groups = np.array([source.group(example) for example in train], dtype=np.int64)
+        for task in tasks.values():
+            task.metadata["sample_groups"] = groups
     info = {"size": params.size, "num_train": len(train), "num_test": len(test), **metadata}
     return Benchmark(source.name, tasks, description, info)

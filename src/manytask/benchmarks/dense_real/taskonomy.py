@@ -27,7 +27,9 @@ texture and occlusion edges are therefore continuous (reconstruction kind, L1) a
 Chosen here: normals closer to zero than `reading.MIN_NORMAL_LENGTH` are invalid; nothing else is masked by the
 depth (that code also masks some L1 losses by valid depth). `buildings` are the training buildings and
 `test_buildings` the test buildings (e.g. from the official split files); a building may not be in both. Views
-are ordered by building (as listed), then point, then view. Resizing follows `reading`.
+are ordered by building (as listed), then point, then view; every task's metadata `sample_groups` holds each
+training view's building (its position in `buildings`), so `samples: {kind: natural}` makes one client per
+building. Resizing follows `reading`.
 """
 
 from __future__ import annotations
@@ -191,9 +193,11 @@ def _check_buildings(params: TaskonomyParams) -> None:
 
 
 def taskonomy_source(root: Path, tasks: list[str], buildings: list[str], test_buildings: list[str]) -> DenseSource:
-    """The Taskonomy files under `root` for `tasks`: views of `buildings` to train on, of `test_buildings` to test."""
+    """The Taskonomy files under `root` for `tasks`: views of `buildings` to train on, of `test_buildings` to test;
+    a training view's group is its building's position in `buildings`."""
     require_dir(root, NAME)
     domains = [TASK_DOMAINS[task][0] for task in tasks if task in TASK_DOMAINS]
+    building_index = {building: b for b, building in enumerate(buildings)}
     return DenseSource(
         name=NAME,
         image_file=lambda view: view_file(root, view, "rgb"),
@@ -201,6 +205,7 @@ def taskonomy_source(root: Path, tasks: list[str], buildings: list[str], test_bu
         train=[view for building in buildings for view in list_views(root, building)],
         test=[view for building in test_buildings for view in list_views(root, building)],
         targets={task: _target(root, task) for task in tasks},
+        group=lambda view: building_index[view.building],
     )
 
 

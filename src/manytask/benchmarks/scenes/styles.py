@@ -7,7 +7,7 @@ their meaning: a style changes how a scene looks and which scenes are likely, ne
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -101,6 +101,38 @@ def style(index: int) -> Style:
     return STYLES[index]
 
 
+# A building's variation of its base style: a tint of every class colour plus a smaller shift of each, the light
+# turned, the camera raised or lowered and tilted, and the texture cells scaled; each uniform within these bounds.
+BUILDING_TINT = 0.1
+BUILDING_CLASS_SHIFT = 0.05
+BUILDING_LIGHT_JITTER = 0.3  # added to each component of the unit light direction
+MIN_LIGHT_UP = 0.2  # the varied light still comes from above
+BUILDING_HEIGHT_JITTER = 0.15  # relative
+BUILDING_PITCH_JITTER = 5.0  # degrees
+BUILDING_FREQUENCY_RATIO = 1.5  # texture frequency × [1/1.5, 1.5], log-uniform
+
+
+def building_style(base: Style, rng: np.random.Generator, name: str) -> Style:
+    """`base` as one building sees it: a new look with the same texture kind, object mix and count.
+
+    The changes alter only how a scene looks (colours, light, viewpoint, texture scale), never what a label
+    means; `rng` draws them, `name` names the new style."""
+    shift = rng.uniform(-1, 1, 3) * BUILDING_TINT + rng.uniform(-1, 1, (5, 3)) * BUILDING_CLASS_SHIFT
+    palette = np.clip(np.array(base.palette) + shift, 0.05, 0.95)
+    light = np.array(base.light) / np.linalg.norm(base.light) + rng.uniform(-1, 1, 3) * BUILDING_LIGHT_JITTER
+    light[1] = max(light[1], MIN_LIGHT_UP)
+    height, pitch, frequency = rng.uniform(-1, 1, 3)
+    return replace(
+        base,
+        name=name,
+        palette=tuple(tuple(colour) for colour in palette.tolist()),
+        light=tuple(light.tolist()),
+        camera_height=base.camera_height * (1 + height * BUILDING_HEIGHT_JITTER),
+        pitch_deg=base.pitch_deg + pitch * BUILDING_PITCH_JITTER,
+        frequency=base.frequency * BUILDING_FREQUENCY_RATIO**frequency,
+    )
+
+
 # Layout: objects stand in distinct cells of a 3×2 grid on the floor, so they never intersect; each fits a circle of
 # radius MAX_FOOTPRINT, jittered inside its cell. The camera looks at TARGET from its style's height and pitch.
 CELL = 0.9
@@ -111,12 +143,13 @@ CAMERA_YAW = 0.2  # radians of random camera turn about the scene centre, each s
 COLOUR_JITTER = 0.08
 
 
-def sample_scenes(style_ids: Sequence[int], seed: int, *keys: int | str) -> Scene:
-    """Random scenes, image i drawn from style style_ids[i]; deterministic in (seed, keys, style_ids).
+def sample_scenes(styles: Sequence[int | Style], seed: int, *keys: int | str) -> Scene:
+    """Random scenes, image i drawn from styles[i] (a `Style` or the index of one of STYLES); deterministic in
+    (seed, keys, styles).
 
     Every random quantity has its own generator and is drawn for all images at once, so image i depends only on
     its style and index (a longer list keeps the first images unchanged)."""
-    chosen = [style(i) for i in style_ids]
+    chosen = [s if isinstance(s, Style) else style(s) for s in styles]
     n = len(chosen)
 
     def uniform(name: str, *shape: int) -> np.ndarray:
