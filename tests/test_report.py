@@ -52,7 +52,9 @@ def _summary(method: str, tasks: dict[str, str], final: dict[str, dict[str, floa
         "tasks": final, "main_metric": tasks, "chance": {t: CHANCE[t] for t in tasks},
         "average": 0.85, "normalized_average": 0.97, "reference": "centralized",
         "bytes_up": 10_000, "bytes_down": 33_000, "bits_per_task_per_round": 3_350_000.0,
-        "wall_seconds": 41.25, "client_compute_seconds": 30.1,
+        "wall_seconds": 41.25, "client_compute_seconds": 30.1, "power_watts": 15.0,
+        "total_test_loss": sum(m["loss"] for m in final.values()),
+        "energy_joules": 451.5, "energy_estimated": True, "energy_source": "estimate: 15 W × client compute seconds",
     }
     summary.update(extra)
     return summary
@@ -105,7 +107,8 @@ def test_single_report_has_formatted_task_table_and_plots(tmp_path: Path) -> Non
     for line in ("- pretraining: none", "- backbone: mlp(hidden=[128, 64])", "- seed: 0", "- clients: 10",
                  "- method: fedavg (mu=0.0)", "- normalized average: 97.0% of centralized",
                  "- total up: 10.0 kB", "- total down: 33.0 kB", "- bits per task per round: 3.35 Mb",
-                 "- wall time: 41.2 s"):
+                 "- wall time: 41.2 s", "- client compute: 30.1 s", "- total test loss: 0.4357",
+                 "- energy: 452 J (est.) — estimate: 15 W × client compute seconds"):
         assert line in text
     for name in ("accuracy_vs_round", "accuracy_vs_bits", "task_curves"):
         assert f"](plots/{name}.png)" in text
@@ -122,7 +125,8 @@ def test_pretraining_line_names_the_source(tmp_path: Path) -> None:
 def test_comparison_report_table_plots_and_sections(comparison: Path) -> None:
     text = write_report(comparison).read_text()
     headers, rows = comparison_rows(load_runs([comparison]))
-    assert markdown_table(headers, rows) in text
+    assert markdown_table(headers, rows) + "\nenergy (est.) is estimated, not measured: client compute seconds × 15 W" \
+        in text
     for name in ("accuracy_vs_round", "accuracy_vs_bits"):
         _assert_png(comparison / "plots" / f"{name}.png")
         assert f"](plots/{name}.png)" in text
@@ -133,13 +137,15 @@ def test_comparison_report_table_plots_and_sections(comparison: Path) -> None:
 
 def test_comparison_rows_values_order_and_missing(comparison: Path) -> None:
     headers, rows = comparison_rows(load_runs([comparison]))
-    assert headers == ["run", "digit (acc)", "parity (acc)", "sum (mse)", "average", "normalized",
-                       "bits/task/round", "total bytes", "wall s"]
+    assert headers == ["run", "digit (acc)", "parity (acc)", "sum (mse)", "average", "normalized", "total test loss",
+                       "bits/task/round", "total bytes", "wall s", "client compute s", "energy"]
     assert [row[0] for row in rows] == ["centralized", "fedavg", "local"]
-    assert rows[0] == ["centralized", "91.2%", "95.0%", "–", "85.0%", "100.0%", "3.35 Mb", "43.0 kB", "41.2"]
+    assert rows[0] == ["centralized", "91.2%", "95.0%", "–", "85.0%", "100.0%", "0.4234", "3.35 Mb", "43.0 kB",
+                       "41.2", "30.1", "452 J (est.)"]
     assert rows[1][1:4] == ["91.2%", "95.0%", "0.0123"]
     assert rows[1][4] == "0.8500"  # mixed accuracy/mse average is shown raw
-    assert rows[2][5:8] == ["–", "0 b", "0 B"]
+    assert rows[1][6] == "0.4357"  # 0.3 + 0.1234 + 0.01234
+    assert rows[2][5:9] == ["–", "0.4357", "0 b", "0 B"]
 
 
 def test_union_of_tasks_in_first_seen_order(comparison: Path) -> None:
@@ -186,6 +192,7 @@ def test_rich_table_renders(comparison: Path) -> None:
     console.print(rich_table(headers, rows, title="digits-tasks"))
     output = console.export_text()
     assert "digits-tasks" in output and "centralized" in output and "3.35 Mb" in output
+    assert "452 J (est.)" in output and "energy (est.) is estimated, not measured" in output
 
 
 def test_human_units() -> None:
@@ -235,5 +242,6 @@ def test_comparison_rows_drop_per_task_columns_beyond_the_limit(comparison: Path
     full, _ = comparison_rows(records)
     short, rows = comparison_rows(records, max_task_columns=1)
     assert len(full) > len(short)
-    assert short == ["run", "average", "normalized", "bits/task/round", "total bytes", "wall s"]
+    assert short == ["run", "average", "normalized", "total test loss", "bits/task/round", "total bytes", "wall s",
+                     "client compute s", "energy"]
     assert all(len(row) == len(short) for row in rows)

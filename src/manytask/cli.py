@@ -226,11 +226,12 @@ def _print_comparison(run_dirs: list[Path], base: str | None = None) -> None:
     from manytask.report import comparison_rows, load_runs, rich_table
     from manytask.report.delta import delta_table, resolve_base
     from manytask.report.plugins import plugin_table
+    from manytask.report.tables import energy_footnote
 
     records = load_runs(run_dirs)
     reference = None if base is None else resolve_base(records, base)
     headers, rows = comparison_rows(records, max_task_columns=TERMINAL_TASK_COLUMNS)
-    out_console.print(rich_table(headers, rows, "comparison"))
+    out_console.print(rich_table(headers, rows, "comparison", caption=energy_footnote(records)))
     plugins = plugin_table(records)
     if plugins is not None:
         out_console.print(rich_table(*plugins, "plug-ins against their hosts (Δ%)"))

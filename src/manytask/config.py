@@ -65,6 +65,9 @@ class RunConfig(Params):
     min_replies: int = Field(default=1, ge=1, description="fewer replies than this (or than sampled) fail a round")
     reference: str | None = Field(default="centralized", description="run label normalizing accuracy")
     threads: int = Field(default=1, ge=1, description="torch intra-op threads; small models are fastest on 1")
+    power_watts: float = Field(
+        15.0, gt=0, description="power of one busy client process for energy estimates (W): a laptop CPU core"
+    )
     plugins: list[Named | None] | None = Field(
         default=None, description="run every method entry with each of these plug-ins (null: the method alone)"
     )

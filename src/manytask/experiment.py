@@ -63,8 +63,15 @@ class Experiment:
             pretrained=None if pretrained is None else str(pretrained.path), decoder=model.decoder_settings(),
         )
         description = None if pretrained is None else pretrained.description
-        return cls(config, method_label(config.method), name, method, params, benchmark, federation, setup,
-                   description, plugin, plugin_params)
+        experiment = cls(config, method_label(config.method), name, method, params, benchmark, federation, setup,
+                         description, plugin, plugin_params)
+        experiment.total_rounds  # noqa: B018  (a method's round plan refuses impossible settings here, before any file)
+        return experiment
+
+    @property
+    def total_rounds(self) -> int:
+        """The rounds the engine runs: the config's `rounds`, or more for a method that trains models in turn."""
+        return self.method.server.total_rounds(self.setup, self.method_params)
 
     def client_program(self) -> ClientProgram:
         host = self.method.client(self.setup, self.method_params)

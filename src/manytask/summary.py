@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from manytask.config import plugin_label, split_plugin
+from manytask.energy import energy_totals
 from manytask.experiment import Experiment
 
 
@@ -19,6 +20,14 @@ def bits_per_task_per_round(rows: list[dict[str, Any]], holdings: Mapping[int, M
     bits = sum(8 * b for row in rows for b in row["bytes_up"].values())
     uploads = sum(len(holdings[int(c)]) for row in rows for c in row["bytes_up"])
     return bits / uploads if uploads else 0.0
+
+
+def total_test_loss(tasks: Mapping[str, Mapping[str, float]]) -> float | None:
+    """Σ over tasks of the final test `loss` (the figure of merit of a many-task run); None if a task lacks it."""
+    losses = [metrics.get("loss") for metrics in tasks.values()]
+    if not losses or any(loss is None for loss in losses):
+        return None
+    return float(sum(losses))
 
 
 def build_summary(experiment: Experiment, rows: list[dict[str, Any]], wall_seconds: float) -> dict[str, Any]:
@@ -36,6 +45,7 @@ def build_summary(experiment: Experiment, rows: list[dict[str, Any]], wall_secon
         "benchmark": config.benchmark["name"],
         "seed": config.seed,
         "rounds": config.rounds,
+        "engine_rounds": experiment.total_rounds,
         "num_clients": experiment.federation.num_clients,
         "backbone": describe_backbone(experiment),
         "pretraining": experiment.pretraining,
@@ -55,6 +65,9 @@ def build_summary(experiment: Experiment, rows: list[dict[str, Any]], wall_secon
         "bits_per_task_per_round": bits_per_task_per_round(rows, experiment.setup.holdings),
         "wall_seconds": wall_seconds,
         "client_compute_seconds": sum(s for r in rows for s in r["client_seconds"].values()),
+        "total_test_loss": total_test_loss(last_eval["eval"]),
+        "power_watts": config.power_watts,  # the stated power behind an energy estimate
+        **energy_totals(rows, config.power_watts),  # energy_joules, energy_estimated, energy_source
     }
 
 

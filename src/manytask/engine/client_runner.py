@@ -41,7 +41,7 @@ class ClientRunner:
 
     def evaluate(self, client: int, payload: bytes | None, state: ClientState) -> Metrics:
         """The client's own model on the test sets of the tasks it holds."""
-        ctx = self._context(client, self.exp.config.rounds, state, derive_seed(self.exp.config.seed, "eval", client))
+        ctx = self._context(client, self.exp.total_rounds, state, derive_seed(self.exp.config.seed, "eval", client))
         test = self.exp.test_data(self.exp.federation.tasks_of(client))
         return self.program.evaluate(ctx, None if payload is None else decode(payload), test)
 

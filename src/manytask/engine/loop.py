@@ -82,24 +82,30 @@ class RoundLoop:
     def run(self, stop_after: int | None = None) -> dict[str, Any] | None:
         """Run (or continue) to the configured number of rounds; return the summary, or None if stopped
         early at `stop_after` completed rounds (as a crash would)."""
-        config = self.exp.config
+        from manytask import energy  # the meter: looked up per run, so tests can patch energy.available_meter
+
+        total = self.exp.total_rounds
         start, elapsed = self._restore()
+        meter = energy.available_meter()  # None without a readable meter: the summary then estimates energy
         if self.observer:
-            self.observer.started(self.exp.label, config.rounds, start)
-        for round_index in range(start, config.rounds):
+            self.observer.started(self.exp.label, total, start)
+        for round_index in range(start, total):
             began = time.perf_counter()
+            if meter is not None:
+                meter.start()
             row = self._round(round_index)
-            if round_index + 1 == config.rounds:
+            if round_index + 1 == total:
                 row.update(self._final_evaluation())
-            elif (round_index + 1) % config.eval_every == 0:
+            elif (round_index + 1) % self.exp.config.eval_every == 0:
                 row.update(self._evaluate())
             row["wall_seconds"] = time.perf_counter() - began
+            row.update(energy.reading(meter))  # energy_joules, energy_source: recorded only, never fed back
             elapsed += row["wall_seconds"]
             self.run_dir.append_metrics(row)
             self._checkpoint(round_index + 1, elapsed)
             if self.observer:
                 self.observer.finished_round(row)
-            if stop_after is not None and round_index + 1 >= stop_after and round_index + 1 < config.rounds:
+            if stop_after is not None and round_index + 1 >= stop_after and round_index + 1 < total:
                 return None
         summary = build_summary(self.exp, self.run_dir.read_metrics(), elapsed)
         self.run_dir.write_json(self.run_dir.summary, summary)

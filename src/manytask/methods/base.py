@@ -100,6 +100,12 @@ class ServerProgram(ABC, Generic[P]):
         self.setup = setup
         self.params = params
 
+    @classmethod
+    def total_rounds(cls, setup: Setup, params: P) -> int:
+        """The engine rounds of a run: `rounds` (R, what one FL task trains) for methods that train one model;
+        methods that train several models one after another (one-by-one, MAS's groups) take more."""
+        return setup.rounds
+
     def participants(self, round_index: int, sampled: list[int]) -> list[int]:
         """The clients this round trains: the engine's sample by default. A server may ask for others (every
         client once, to collect their masks); ids must be clients of the federation."""

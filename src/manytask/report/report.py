@@ -33,7 +33,10 @@ from manytask.report.runs import (
 from manytask.report.tables import (
     MISSING,
     comparison_rows,
+    energy_footnote,
     format_average,
+    format_energy,
+    format_loss,
     format_metric,
     format_ratio,
     format_seconds,
@@ -41,6 +44,7 @@ from manytask.report.tables import (
     human_bytes,
     markdown_table,
     task_rows,
+    total_test_loss,
 )
 
 REPORT = "report.md"
@@ -82,7 +86,8 @@ def _average_lines(record: RunRecord) -> list[tuple[str, str]]:
     normalized = format_ratio(s.get("normalized_average"))
     if s.get("normalized_average") is not None and s.get("reference"):
         normalized += f" of {s['reference']}"
-    lines = [("average main metric", format_average(record)), ("normalized average", normalized)]
+    lines = [("average main metric", format_average(record)), ("normalized average", normalized),
+             ("total test loss", format_loss(total_test_loss(s)))]
     client_view = _client_view_average(s)
     if client_view is not None:
         lines.append(("average main metric, clients' view", format_metric(client_view, metric)))
@@ -117,12 +122,23 @@ def _seconds(value: Any) -> str:
     return MISSING if value is None else f"{format_seconds(value)} s"
 
 
+def _energy(summary: dict[str, Any]) -> str:
+    """A run's energy with how it was obtained: '1.20 kJ — measured: rapl', or '1.20 kJ (est.) — estimate: 15 W ×
+    client compute seconds'."""
+    text = format_energy(summary)
+    if summary.get("energy_joules") is None:
+        return text
+    source = summary.get("energy_source") or MISSING
+    return f"{text} — {source}" if summary.get("energy_estimated", True) else f"{text} — measured: {source}"
+
+
 def _time_lines(record: RunRecord) -> list[tuple[str, str]]:
-    """Wall-clock time and summed client compute time."""
+    """Wall-clock time, summed client compute time and energy (measured, or marked as an estimate)."""
     s = record.summary
     return [
         ("wall time", _seconds(s.get("wall_seconds"))),
         ("client compute", _seconds(s.get("client_compute_seconds"))),
+        ("energy", _energy(s)),
     ]
 
 
@@ -210,7 +226,7 @@ def _single_report(
         _bullets(_average_lines(record)),
         "## Communication\n",
         _bullets(_communication_lines(record)),
-        "## Time\n",
+        "## Time and energy\n",
         _bullets(_time_lines(record)),
         *_community_section(record),
         *([] if base is None else _delta_section([record], base)),
@@ -300,6 +316,7 @@ def _comparison_report(
         ]),
         "## Comparison\n",
         markdown_table(*comparison_rows(records)),
+        *_footnote(energy_footnote(records)),
         *_plugin_section(records),
         *([] if base_record is None or len(records) < 2 else _delta_section(records, base_record)),
         *_community_table(records),
@@ -308,6 +325,11 @@ def _comparison_report(
         "## Runs\n",
         *(_run_section(record) for record in records),
     ])
+
+
+def _footnote(text: str | None) -> list[str]:
+    """A note under a table, when there is one."""
+    return [] if text is None else [f"{text}\n"]
 
 
 def _plugin_section(records: list[RunRecord]) -> list[str]:

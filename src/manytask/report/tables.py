@@ -7,9 +7,12 @@ from typing import Any
 
 from rich.table import Table
 
+from manytask.energy import DEFAULT_POWER_WATTS, ESTIMATE_MARK
 from manytask.report.runs import RunRecord, all_accuracy, has_dense_tasks, main_metric, total_bytes
 
 MISSING = "–"
+ESTIMATE_NOTE = (f"energy {ESTIMATE_MARK} is estimated, not measured: client compute seconds × power_watts, the power "
+                 f"stated for one busy client process (default {DEFAULT_POWER_WATTS:g} W)")
 
 
 def format_metric(value: Any, metric: str) -> str:
@@ -62,6 +65,44 @@ def human_bytes(value: Any) -> str:
     return _human(value, ("B", "kB", "MB", "GB", "TB", "PB"))
 
 
+def format_loss(value: Any) -> str:
+    """A loss with four decimals."""
+    return MISSING if value is None else f"{float(value):.4f}"
+
+
+def total_test_loss(summary: dict[str, Any]) -> float | None:
+    """Σ over tasks of the final test loss: the summary's `total_test_loss`, else summed from its per-task metrics
+    (runs written before it was recorded); None if a task lacks a loss."""
+    if "total_test_loss" in summary:
+        return summary["total_test_loss"]
+    losses = [(metrics or {}).get("loss") for metrics in (summary.get("tasks") or {}).values()]
+    return None if not losses or None in losses else float(sum(losses))
+
+
+def format_energy(summary: dict[str, Any]) -> str:
+    """A run's energy in joules with SI prefixes, e.g. '1.20 kJ', marked '(est.)' when it was estimated."""
+    joules = summary.get("energy_joules")
+    if joules is None:
+        return MISSING
+    text = _human(joules, ("J", "kJ", "MJ", "GJ", "TJ"))
+    return f"{text} {ESTIMATE_MARK}" if summary.get("energy_estimated", True) else text
+
+
+def energy_footnote(records: Sequence[RunRecord]) -> str | None:
+    """The line under a table whose energies include estimates, saying how they were made; None when every
+    energy shown was measured."""
+    estimated = [r.summary for r in records if r.summary.get("energy_joules") is not None
+                 and r.summary.get("energy_estimated", True)]
+    if not estimated:
+        return None
+    watts = sorted({float(s["power_watts"]) for s in estimated if s.get("power_watts") is not None})
+    if not watts:
+        return ESTIMATE_NOTE + "."
+    stated = " or ".join(f"{w:g} W" for w in watts)
+    return (f"energy {ESTIMATE_MARK} is estimated, not measured: client compute seconds × {stated} (power_watts, the "
+            "power stated for one busy client process).")
+
+
 def task_columns(records: Sequence[RunRecord]) -> list[tuple[str, str]]:
     """(task, main metric) for the union of tasks across runs, in first-seen order."""
     columns: dict[str, str] = {}
@@ -86,9 +127,12 @@ def _row(record: RunRecord, columns: list[tuple[str, str]]) -> list[str]:
         *(_task_value(record, task, metric) for task, metric in columns),
         format_average(record),
         format_ratio(summary.get("normalized_average")),
+        format_loss(total_test_loss(summary)),
         human_bits(summary.get("bits_per_task_per_round")),
         human_bytes(total_bytes(record)),
         format_seconds(summary.get("wall_seconds")),
+        format_seconds(summary.get("client_compute_seconds")),
+        format_energy(summary),
     ]
 
 
@@ -100,7 +144,8 @@ def _metric_header(task: str, metric: str) -> str:
 def comparison_rows(
     records: Sequence[RunRecord], max_task_columns: int | None = None
 ) -> tuple[list[str], list[list[str]]]:
-    """Headers and one formatted row per run, comparing final metrics, communication and time.
+    """Headers and one formatted row per run, comparing final metrics, total test loss, communication, time and
+    energy (marked '(est.)' where estimated: show `energy_footnote` with the table).
 
     With more tasks than `max_task_columns` (e.g. one task per client), the per-task columns are left out and
     only the averages remain; the full per-task tables are in the report."""
@@ -112,9 +157,12 @@ def comparison_rows(
         *(_metric_header(task, metric) for task, metric in columns),
         "average",
         "normalized",
+        "total test loss",
         "bits/task/round",
         "total bytes",
         "wall s",
+        "client compute s",
+        "energy",
     ]
     return headers, [_row(record, columns) for record in records]
 
@@ -135,9 +183,14 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(lines) + "\n"
 
 
-def rich_table(headers: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None) -> Table:
-    """The same table for the terminal, rendered by rich."""
-    table = Table(title=title)
+def rich_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None, caption: str | None = None
+) -> Table:
+    """The same table for the terminal, rendered by rich. A table with estimated energies gets a caption saying
+    how they are made (`caption`, else a general note)."""
+    if caption is None and any(str(cell).endswith(ESTIMATE_MARK) for row in rows for cell in row):
+        caption = ESTIMATE_NOTE
+    table = Table(title=title, caption=caption)
     for index, header in enumerate(headers):
         table.add_column(header, justify="left" if index == 0 else "right", no_wrap=index == 0)
     for row in rows:
@@ -158,6 +211,6 @@ def task_rows(record: RunRecord) -> tuple[list[str], list[list[str]]]:
             metric,
             format_metric(final.get(metric), metric),
             format_metric(chance, metric),
-            MISSING if loss is None else f"{float(loss):.4f}",
+            format_loss(loss),
         ])
     return ["task", "metric", "value", "chance", "loss"], rows

@@ -69,7 +69,7 @@ def run_on_superlink(
     env = flower_env(work / "home")
     run_id = _submit(work, env)
     if observer:
-        observer.started(experiment.label, experiment.config.rounds, 0)
+        observer.started(experiment.label, experiment.total_rounds, 0)
     status = _follow(run_id, experiment, run_dir, env, observer)
     if status["status"] != "finished:completed" or not run_dir.summary.exists():
         raise ManytaskError(
@@ -100,7 +100,7 @@ def _follow(
 ) -> dict[str, Any]:
     """Poll the run's status until it finishes (with a deadline), reporting rounds as metrics.jsonl grows."""
     flower = experiment.config.flower
-    deadline = time.monotonic() + flower.connect_timeout + experiment.config.rounds * flower.round_timeout
+    deadline = time.monotonic() + flower.connect_timeout + experiment.total_rounds * flower.round_timeout
     reported = 0
     while time.monotonic() < deadline:
         status = _status(run_id, env)
