@@ -15,13 +15,19 @@ NYUD_LIKE = {"semseg", "depth", "normals", "edge"}
 # Methods that share one whole model (head included) across one-task clients, keep per-class anchors, or sample
 # labels from the model's predictive distribution (TaLoS's Fisher scores).
 TALOS = "TaLoS takes classification tasks only"
-REFUSED = {"fedu": "same number of outputs", "pfedme": "same number of outputs", "sfmtl-graph": "classification",
+REFUSED = {"mas": "every client here holds one", "tag": "every client here holds one",
+           "fedu": "same number of outputs", "pfedme": "same number of outputs", "sfmtl-graph": "classification",
            **dict.fromkeys(["talos", "talos-partition", "talos-oneshot", "centralized-talos"], TALOS)}
 HOSTS = sorted(e.name for e in METHODS.entries() if e.target.family == HOST)
 
 
+REQUIRED = {"fixed-split": {"partition": [["semseg", "depth"], ["normals", "edge"]]}}  # params without a default
+
+
 def _config(method) -> dict:
     name = method if isinstance(method, str) else method["name"]
+    if isinstance(method, str) and name in REQUIRED:
+        method = {"name": name, **REQUIRED[name]}
     return {
         "name": "dense", "method": method, "rounds": 2, "seed": 0, "eval_every": 1,
         "benchmark": {"name": "scenes", "tasks": "nyud-like", "size": 16, "train_per_task": 12, "test_size": 8,

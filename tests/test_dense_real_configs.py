@@ -48,3 +48,24 @@ def test_the_paper_config_names_the_missing_checkpoint(tmp_path):
     with pytest.raises(ManytaskError, match="nowhere does not exist"):
         run_config(validate(data), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_mas_taskonomy_config_runs_one_client_per_building(tmp_path):
+    """configs/mas/taskonomy_sdnkt.yaml on the tiny Taskonomy tree: the natural split gives each building's views to
+    its own client, every view labelled for the five tasks, and MAS runs through its split."""
+    from tests.dense_data_files import TASKONOMY_TRAIN, write_taskonomy
+
+    data = apply_overrides(load_yaml(ROOT / "configs" / "mas" / "taskonomy_sdnkt.yaml"), [
+        f"benchmark.root={write_taskonomy(tmp_path / 'data')}", "benchmark.size=16",
+        "benchmark.buildings=[allensville, beechwood]", "benchmark.test_buildings=[collierville]",
+        "federation.num_clients=2", "clients_per_round=2", "rounds=2", "eval_every=1", "train.batch_size=2",
+    ])
+    data["method"] = {"name": "mas", "groups": 2, "r0": 1, "affinity_every": 1}
+    data["model"] = {"backbone": "cnn", "channels": [4, 8], "norm": "batch", "decoder": {"width": 4}}
+    run_config(validate(data), tmp_path / "run")
+    clients = json.loads((tmp_path / "run" / "federation.json").read_text())["clients"]
+    views = [sum(1 for b, _, _ in TASKONOMY_TRAIN if b == building) for building in ("allensville", "beechwood")]
+    assert [len(held["depth"]) for held in clients] == views
+    assert all(len({tuple(indices) for indices in held.values()}) == 1 and len(held) == 5 for held in clients)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["engine_rounds"] == 1 + 2 * 1 and summary["total_test_loss"] is not None

@@ -106,3 +106,18 @@ def test_fl_talos_and_its_partition_variant_match_the_local_engine_in_flower_sim
         fits = [[json.loads(line)["fit"] for line in (run / label / "metrics.jsonl").read_text().splitlines()]
                 for run in (local, sim)]
         assert fits[0] == fits[1] and [f["phase"] for f in fits[0]] == [0, 0, 1, 2, 2]
+
+
+def test_mas_matches_the_local_engine_in_flower_sim(tmp_path):
+    """MAS: the stage of every round travels in the payload, the lookahead runs inside the ClientApp and the split
+    is server state; the affinities, the split, the metrics and the bytes are the local engine's."""
+    from tests.test_mas_methods import MAS, mas_config
+
+    local, sim = run_local_and_sim(tmp_path, mas_config(MAS, rounds=3))
+    a, b = summaries(local, sim)
+    assert a["tasks"] == b["tasks"]
+    assert (a["bytes_up"], a["bytes_down"], a["engine_rounds"]) == (b["bytes_up"], b["bytes_down"], 4)
+    fits = [[json.loads(line)["fit"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+            for run in (local, sim)]
+    assert fits[0] == fits[1] and [f["stage"] for f in fits[0]] == [0, 0, 1, 2]
+    assert any(k.startswith("affinity/") for k in fits[0][1]) and any(k.startswith("split/") for k in fits[0][2])
