@@ -191,3 +191,19 @@ def test_a_tag_group_slot_the_selection_leaves_unused_is_idle(tmp_path, monkeypa
     assert all(r["fit"] == {"stage": 2.0} for r in idle)  # nothing aggregated, no training loss
     assert all(size < 200 for r in idle for size in r["bytes_down"].values())  # scalars only, no model
     assert rows[-1]["eval"] == rows[2]["eval"]  # the served models did not change
+
+
+def test_the_report_plots_affinity_over_the_measured_rounds_and_marks_the_split_round(tmp_path):
+    from manytask.report import write_report
+    from manytask.report.affinity import affinity_series, split_round
+    from manytask.report.runs import load_run
+
+    method = {**MAS, "r0": 3, "affinity_round": 2, "affinity_rounds": "all"}
+    run_config(validate(mas_config(method, rounds=4)), tmp_path / "run")
+    record = load_run(tmp_path / "run")
+    series = affinity_series(record)
+    assert len(series) == 3 * 2 and all([r for r, _ in points] == [1, 2, 3] for points in series.values())
+    assert split_round(record) == 2
+    write_report(tmp_path / "run")
+    assert (tmp_path / "run" / "plots" / "affinity_mas.png").stat().st_size > 10_000
+    assert "Inter-task affinity over rounds" in (tmp_path / "run" / "report.md").read_text()

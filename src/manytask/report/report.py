@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from manytask.metric_names import CLIENT_VIEW_PREFIX
+from manytask.report.affinity import plot_affinity_over_rounds
 from manytask.report.delta import delta_table, plot_delta_vs_round, resolve_base
 from manytask.report.graph import community_summary, plot_client_graph
 from manytask.report.masks import plot_mask_location
@@ -216,6 +217,7 @@ def _single_report(
         *_graph_plots([record], root / PLOTS, graph_rounds),
         *_prediction_grids([record], root / PLOTS),
         *_mask_plots([record], root / PLOTS),
+        *_affinity_plots([record], root / PLOTS),
     ]
     return "\n".join([
         f"# Run report: {record.label}\n",
@@ -273,6 +275,12 @@ def _mask_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]
                           "Where the mask lands: fraction trainable per block and parameter")
 
 
+def _affinity_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
+    """Lookahead inter-task affinity over rounds, for every run that measured it (MAS, TAG)."""
+    return _per_run_plots(records, folder, "affinity", plot_affinity_over_rounds,
+                          "Inter-task affinity over rounds (MAS Fig. 7)")
+
+
 def _run_section(record: RunRecord) -> str:
     """A short section on one member of a comparison: setup line, per-task table, averages."""
     s = record.summary
@@ -303,6 +311,7 @@ def _comparison_report(
         *_sweep_plots(records, root / PLOTS),
         *_prediction_grids(records, root / PLOTS),
         *_mask_plots(records, root / PLOTS),
+        *_affinity_plots(records, root / PLOTS),
     ]
     return "\n".join([
         "# Comparison report\n",
