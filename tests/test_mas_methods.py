@@ -134,13 +134,19 @@ def _rows(run_dir):
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_mas_stopped_inside_a_group_resumes_to_the_uninterrupted_numbers(tmp_path):
-    config = validate(mas_config(rounds=4))
-    full = run_config(config, tmp_path / "full")["mas"]
-    assert run_config(config, tmp_path / "cut", stop_after=5) is None  # the first round of group 2
+@pytest.fixture(scope="module")
+def uninterrupted_mas(tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    return out, run_config(validate(mas_config(rounds=4)), out)["mas"]
+
+
+@pytest.mark.parametrize("stop", [1, 2, 3, 5])  # all-in-one; at the split; in group 1; in group 2
+def test_mas_stopped_in_any_phase_resumes_to_the_uninterrupted_numbers(tmp_path, uninterrupted_mas, stop):
+    full_dir, full = uninterrupted_mas
+    assert run_config(validate(mas_config(rounds=4)), tmp_path / "cut", stop_after=stop) is None
     resumed = resume(tmp_path / "cut")["mas"]
     assert resumed["tasks"] == full["tasks"]
-    assert _rows(tmp_path / "cut") == _rows(tmp_path / "full")
+    assert _rows(tmp_path / "cut") == _rows(full_dir)
 
 
 @pytest.mark.parametrize(("method", "stages"), [
