@@ -63,17 +63,24 @@ def test_group_values_match_their_definition():
     assert values[0] == 0
 
 
+def _check_against_brute_force(n, search, objective, best):
+    """`search(groups, exact)` returns a valid partition whose objective is the `best` over every partition of
+    range(n) with exactly (exact) or at most `groups` groups, for every group count."""
+    valued = [(objective(p), p) for p in set_partitions(n)]
+    for groups in range(1, n + 1):
+        for exact in (True, False):
+            found = search(groups, exact)
+            allowed = [value for value, p in valued if (len(p) == groups if exact else len(p) <= groups)]
+            assert _is_partition(found, n) and _canonical(found)
+            assert len(found) == groups if exact else len(found) <= groups
+            assert objective(found) == pytest.approx(best(allowed), abs=1e-9)
+
+
 @pytest.mark.parametrize("n", range(1, 8))
 def test_best_partition_matches_brute_force(n):
     S = _random(n, seed=n)
-    scored = [(partition_score(S, p), p) for p in set_partitions(n)]
-    for groups in range(1, n + 1):
-        for exact in (True, False):
-            found = best_partition(S, groups, exact=exact)
-            allowed = [score for score, p in scored if (len(p) == groups if exact else len(p) <= groups)]
-            assert _is_partition(found, n) and _canonical(found)
-            assert len(found) == groups if exact else len(found) <= groups
-            assert partition_score(S, found) == pytest.approx(max(allowed), abs=1e-9)
+    _check_against_brute_force(n, lambda groups, exact: best_partition(S, groups, exact=exact),
+                               lambda p: partition_score(S, p), max)
 
 
 def _hoa_loss(L: torch.Tensor, partition: list[list[int]]) -> float:
@@ -89,14 +96,8 @@ def _hoa_loss(L: torch.Tensor, partition: list[list[int]]) -> float:
 @pytest.mark.parametrize("n", range(1, 7))
 def test_best_hoa_partition_matches_brute_force(n):
     L = _random(n, seed=10 + n).abs()
-    losses = [(_hoa_loss(L, p), p) for p in set_partitions(n)]
-    for groups in range(1, n + 1):
-        for exact in (True, False):
-            found = best_hoa_partition(L, groups, exact=exact)
-            allowed = [loss for loss, p in losses if (len(p) == groups if exact else len(p) <= groups)]
-            assert _is_partition(found, n) and _canonical(found)
-            assert len(found) == groups if exact else len(found) <= groups
-            assert _hoa_loss(L, found) == pytest.approx(min(allowed), abs=1e-9)
+    _check_against_brute_force(n, lambda groups, exact: best_hoa_partition(L, groups, exact=exact),
+                               lambda p: _hoa_loss(L, p), min)
 
 
 def test_at_most_breaks_ties_towards_fewer_groups():
