@@ -160,6 +160,9 @@ def test_baselines_run_their_stages_and_end_with_a_model_per_task(tmp_path, meth
     assert [r["fit"]["stage"] for r in rows] == stages == list(map(float, stages))
     assert summary["engine_rounds"] == len(stages)
     assert set(summary["tasks"]) == {"semseg", "depth", "normals"}
+    splits = [r["fit"] for r in rows if any(k.startswith("split/") for k in r["fit"])]
+    assert len(splits) == (0 if method == "one-by-one" else 1)  # the groups, logged once, serve every task
+    assert all({f"split/{t}" for t in summary["tasks"]} <= set(fit) for fit in splits)
     if isinstance(method, dict) and method["name"] == "hoa":
         probes = {k: v for r in rows for k, v in r["fit"].items() if k.startswith("probe/")}
         assert len(probes) == 3  # the last value logged per task (alone, then in each pair)

@@ -28,6 +28,7 @@ from manytask.methods.mas.stages import (
     check_groups,
     mean_losses,
     split_groups,
+    split_log,
 )
 from manytask.methods.registry import MANY_TASK, register_method
 
@@ -69,6 +70,8 @@ class HoaServer(StagedServer):
 
     def after_round(self, step: PhaseStep, round_index: int, replies: Mapping[int, Message]) -> dict[str, float]:
         probes = self.probes()
+        if step.index == len(probes) and step.local_round == 0:
+            return split_log(self.tasks, self.parts[SPLIT]["groups"])
         if step.index >= len(probes) or step.local_round != step.length - 1:
             return {}
         members = probes[step.index]

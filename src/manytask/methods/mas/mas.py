@@ -29,6 +29,7 @@ from manytask.methods.mas.stages import (
     mean_affinity,
     partition_ids,
     split_groups,
+    split_log,
 )
 from manytask.methods.registry import MANY_TASK, register_method
 
@@ -119,8 +120,7 @@ class MasServer(StagedServer):
             if round_index + 1 == self.params.split_round(self.setup.rounds):
                 self.parts[AFFINITY] = {"S": scores.to(torch.float64)}
         if step.index == 1 and step.local_round == 0:
-            log.update({f"{SPLIT}/{t}": float(g) for t, g in zip(self.tasks, self.parts[SPLIT]["groups"].tolist(),
-                                                                  strict=True)})
+            log.update(split_log(self.tasks, self.parts[SPLIT]["groups"]))
             if self.params.partition is None:
                 log[SPLIT_ROUND] = float(self.params.split_round(self.setup.rounds))
         return log

@@ -227,6 +227,11 @@ def mean_losses(replies: Mapping[int, Message], tasks: list[str]) -> dict[str, f
     return {t: sum(v) / len(v) for t, v in found.items() if v}
 
 
+def split_log(tasks: list[str], ids: Tensor) -> dict[str, float]:
+    """`split/<task>` = the group that serves the task, logged in the first round after a split."""
+    return {f"{SPLIT}/{t}": float(g) for t, g in zip(tasks, ids.tolist(), strict=True)}
+
+
 def split_groups(groups: list[list[int]], n: int) -> Tensor:
     """Group id per task (server state) from a list of groups."""
     ids = torch.full((n,), -1, dtype=torch.int64)

@@ -28,6 +28,7 @@ from manytask.methods.mas.stages import (
     check_groups,
     check_multi_task_clients,
     mean_affinity,
+    split_log,
 )
 from manytask.methods.registry import MANY_TASK, register_method
 
@@ -61,6 +62,11 @@ class TagServer(StagedServer):
         return self.params.affinity_every if step.index == 0 and len(self.tasks) > 1 else 0
 
     def after_round(self, step: PhaseStep, round_index: int, replies: Mapping[int, Message]) -> dict[str, float]:
+        if step.index == 1 and step.local_round == 0:
+            members = self.parts[COVER]["members"]
+            return {**split_log(self.tasks, self.parts[COVER]["serves"]),
+                    **{f"{COVER}/{g + 1}/{t}": float(m) for g, row in enumerate(members)
+                       for t, m in zip(self.tasks, row.tolist(), strict=True)}}
         scores = mean_affinity(replies, self.tasks) if step.index == 0 else None
         if scores is None:
             return {}
