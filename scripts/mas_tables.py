@@ -5,6 +5,7 @@
                                                          # every split from scratch and from the all-in-one,
                                                          # ranked; where MAS-2's own split falls
     python scripts/mas_tables.py sweep RUN_DIR           # the R0 sweep
+    python scripts/mas_tables.py cost RUN_DIR --png PATH # total test loss against client compute seconds
 
 Total test loss = Σ over tasks of the final test loss (the MAS paper's figure of merit, lower is better). Energy is
 what summary.json says: measured where a meter was readable, else the stated-power estimate, marked "(est.)".
@@ -111,14 +112,35 @@ def sweep(run_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cost_plot(run_dir: Path, path: Path) -> Path:
+    """Each method's total test loss against its client compute seconds (lower left is better)."""
+    from manytask.report.plots import new_figure, run_color, save_figure
+
+    runs = members(run_dir)
+    figure = new_figure((7, 4.5))
+    axes = figure.add_subplot(1, 1, 1)
+    for index, (label, (summary, _)) in enumerate(runs.items()):
+        x, y = summary["client_compute_seconds"], summary["total_test_loss"]
+        axes.scatter([x], [y], color=run_color(index, len(runs)), s=40)
+        axes.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4 if index % 2 else -11), fontsize=8)
+    estimated = any(summary.get("energy_estimated") for summary, _ in runs.values())
+    axes.set_xlabel("client compute seconds (summed over all fits)" + (", energy ∝ (est.)" if estimated else ""))
+    axes.set_ylabel("total test loss over tasks (lower is better)")
+    axes.set_title(f"{run_dir.name}: quality against cost", fontsize=10)
+    return save_figure(figure, path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("table", choices=["comparison", "splits", "sweep"])
+    parser.add_argument("table", choices=["comparison", "splits", "sweep", "cost"])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--mas", type=Path, help="the sdnkt comparison run (for MAS-2's own split)")
+    parser.add_argument("--png", type=Path, default=Path("cost.png"), help="where the cost plot goes")
     args = parser.parse_args()
     if args.table == "comparison":
         print(comparison(args.run_dir))
+    elif args.table == "cost":
+        print(cost_plot(args.run_dir, args.png))
     elif args.table == "splits":
         print(splits(args.run_dir, args.mas))
     else:
