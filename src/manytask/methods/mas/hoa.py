@@ -78,11 +78,11 @@ class HoaServer(StagedServer):
         losses = mean_losses(replies, [self.tasks[i] for i in members])
         table = self.parts.get(PROBES, {}).get("L")
         table = torch.full((len(self.tasks),) * 2, float("nan"), dtype=torch.float64) if table is None else table
-        for i in members:
-            other = next((j for j in members if j != i), i)
-            table[i, other] = losses.get(self.tasks[i], float("nan"))
+        partner = {i: next((j for j in members if j != i), i) for i in members}  # the pair's other task, or itself
+        for i, j in partner.items():
+            table[i, j] = losses.get(self.tasks[i], float("nan"))
         self.parts[PROBES] = {"L": table}
-        return {f"probe/{self.tasks[i]}": table[i, next((j for j in members if j != i), i)].item() for i in members}
+        return {f"probe/{self.tasks[i]}": table[i, j].item() for i, j in partner.items()}
 
     def before_stage(self, index: int) -> None:
         if index != len(self.probes()):

@@ -148,11 +148,12 @@ class StagedServer(HostServer):
 
     def keep(self, stage: Stage) -> None:
         for task in stage.serves:
-            self.parts[MODEL_PART + task] = self.model_state(task, self.global_state)
+            self.parts[MODEL_PART + task] = {k: v.clone() for k, v in self.model_state(task, self.global_state).items()}
 
     @staticmethod
     def model_state(task: str, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        return {k: v.clone() for k, v in state.items() if task_of_key(k) in (None, task)}
+        """The encoder and `task`'s decoder of a state (the tensors themselves, not copies)."""
+        return {k: v for k, v in state.items() if task_of_key(k) in (None, task)}
 
     def participants(self, round_index: int, sampled: list[int]) -> list[int]:
         """The sampled clients that hold a task of the stage (all of them on a federation where everyone holds
@@ -196,9 +197,9 @@ class StagedServer(HostServer):
     def evaluate(self, test: TaskData) -> Metrics | None:
         """Every task on its own model: the running stage's, the last that served it, or the initial one."""
         current = set(self.stage(self.stage_index).serves) if self.stage_index >= 0 else set()
+        model, module = self.build_model()  # one model; each task loads its encoder and decoder over it
         metrics = {}
         for task, (x, y) in test.items():
-            model, module = self.build_model()
             load_state(model, self.model_state(task, self.task_state(task, current)))
             metrics[task] = evaluate(module, self.setup.specs[task], x, y)
         return metrics
