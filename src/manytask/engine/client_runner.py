@@ -14,7 +14,7 @@ from manytask.client.trainer import TaskData
 from manytask.experiment import Experiment
 from manytask.messages import decode, encode
 from manytask.methods.base import ClientContext, Metrics
-from manytask.seeding import derive_seed
+from manytask.seeding import derive_seed, seed_global_rng
 
 ClientState = dict[str, Tensor]
 
@@ -46,7 +46,7 @@ class ClientRunner:
         return self.program.evaluate(ctx, None if payload is None else decode(payload), test)
 
     def _context(self, client: int, round_index: int, state: ClientState, seed: int) -> ClientContext:
-        torch.manual_seed(seed)  # programs that draw from torch's global RNG stay reproducible too
+        seed_global_rng(seed)  # programs that draw from torch's global RNG stay reproducible too
         if client not in self._data:
             self._data[client] = self.exp.client_data(client)
         return ClientContext(client, round_index, self._data[client], state, seed)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from manytask.errors import ManytaskError
 from manytask.registry import Params
+from manytask.seeding import seed_global_rng
 
 ADAPTER_MARK = "lora_"
 
@@ -51,7 +52,7 @@ def is_adapter(name: str) -> bool:
 def add_lora(backbone: nn.Module, params: LoraParams, seed: int) -> None:
     """Put LoRA on the backbone's linear layers (in place) and freeze all its other parameters."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        seed_global_rng(seed)
         if getattr(backbone, "uses_peft", False):  # peft matches target names as suffixes
             _add_peft_lora(backbone, params, params.targets or backbone.lora_targets)
         else:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from manytask.errors import ManytaskError
 from manytask.models.backbones import BACKBONES
 from manytask.models.decoders import DecoderParams, FCNDecoder, supports_dense
+from manytask.seeding import seed_global_rng
 from manytask.tasks.task import TaskSpec
 
 BACKBONE_PREFIX = "backbone."
@@ -124,7 +125,7 @@ def build_model(
     entry = BACKBONES.get(backbone)
     params = BACKBONES.parse_params(backbone, dict(backbone_params))
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        seed_global_rng(seed)
         return MultiTaskModel(entry.target(tuple(input_shape), params), specs, DecoderParams(**(decoder or {})))
 
 

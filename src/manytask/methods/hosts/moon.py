@@ -26,7 +26,7 @@ from manytask.methods.base import ClientContext, MethodDef
 from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer, TrainedCopy
 from manytask.methods.registry import HOST, register_method
 from manytask.models.multitask import MultiTaskModel, load_state, task_of_key, trainable_state
-from manytask.seeding import derive_seed
+from manytask.seeding import derive_seed, seed_global_rng
 
 PREVIOUS = "moon/previous/"  # client state: the client's model after its previous round (shared part)
 
@@ -48,7 +48,7 @@ def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor, temperatur
 def projection_head(width: int, projection_dim: int, seed: int) -> nn.Sequential:
     """The paper's two-layer projection head, drawn from `seed` alone (the global RNG is left untouched)."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        seed_global_rng(seed)
         return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, projection_dim))
 
 
