@@ -96,6 +96,28 @@ def run(
 
 
 @app.command()
+def bench(
+    out: Annotated[Path, typer.Option("--out", help="where the figures go as JSON")] = Path("bench.json"),
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="timed rounds per measurement")] = 5,
+) -> None:
+    """Measure the speed ratios on this machine, side by side (docs/performance.md): the local engine against a
+    bare PyTorch loop doing the same SGD steps, at 30 and 100 clients."""
+    from manytask.bench import run_bench
+    from manytask.report import rich_table
+
+    def body() -> None:
+        results = run_bench(out, rounds)
+        rows = [[str(r["clients"]), f"{r['engine_s_per_round']:.4f}", f"{r['bare_s_per_round']:.4f}",
+                 f"{r['ratio']:.2f}"] for r in results["engine_overhead"]]
+        headers = ["clients", "local engine s/round", "bare loop s/round", "engine / bare"]
+        out_console.print(rich_table(headers, rows, "engine overhead (FedAvg, digits-tasks, MLP [64], 1 thread)"))
+        out_console.print(f"machine: {results['machine']['processor']}, {results['machine']['platform']}; "
+                          f"figures: {out}")
+
+    _guarded(body)
+
+
+@app.command()
 def pretrain(
     args: Annotated[list[str] | None, typer.Argument(help="[CONFIG.yaml] [key=value ...]")] = None,
 ) -> None:

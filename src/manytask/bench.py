@@ -1,0 +1,132 @@
+"""`manytask bench`: the speed ratios that matter, each measured side by side in one process, never as absolute
+targets (the machines are shared and noisy).
+
+The engine workload (issue 16): FedAvg on `digits-tasks` (digit, parity, rotated, mod3), MLP [64], Dirichlet(0.5)
+task allocation, IID samples, one local epoch of batch 32, every client sampled. Its yardstick is a bare PyTorch
+loop that runs the same SGD steps on the same client data with one reused model and no FL machinery (no
+messages, no checkpoints, no evaluation, no per-client model): the engine's overhead is the ratio of the two.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from manytask.client.trainer import TaskData, shuffled_batches
+from manytask.config import RunConfig, validate
+from manytask.engine.local import local_engine
+from manytask.experiment import Experiment
+from manytask.models.multitask import load_state, trainable_state
+from manytask.rundir import RunDir
+from manytask.seeding import derive_seed
+
+
+def engine_config(clients: int, rounds: int, seed: int = 0) -> RunConfig:
+    """The engine workload with `clients` clients."""
+    return validate({
+        "name": f"bench-engine-{clients}", "method": "fedavg", "rounds": rounds, "seed": seed,
+        "benchmark": {"name": "digits-tasks", "tasks": ["digit", "parity", "rotated", "mod3"]},
+        "federation": {"num_clients": clients, "tasks": {"kind": "dirichlet", "zeta": 0.5}, "samples": {"kind": "iid"}},
+        "model": {"backbone": "mlp", "hidden": [64]},
+        "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 32},
+        "eval_every": rounds, "reference": None,
+    })
+
+
+def seconds_per_round(run: Callable[[int], Any], rounds: int) -> float:
+    """Mean wall seconds of `rounds` rounds after a first one (which warms caches and is left out)."""
+    run(1)
+    began = time.perf_counter()
+    run(rounds)
+    return (time.perf_counter() - began) / rounds
+
+
+def engine_seconds(clients: int, rounds: int) -> float:
+    """Seconds per round of the local engine: serialization, aggregation, checkpoints and metric rows included;
+    no evaluation (the run is stopped before its last round, and evaluates only then)."""
+    experiment = Experiment.build(engine_config(clients, rounds + 2))
+    with tempfile.TemporaryDirectory() as folder:
+        run_dir = RunDir(Path(folder))
+        run_dir.start("", experiment.federation.to_json())
+        loop = local_engine(experiment, run_dir)
+        done = [0]
+
+        def run(count: int) -> None:
+            done[0] += count
+            loop.run(stop_after=done[0])
+
+        return seconds_per_round(run, rounds)
+
+
+def bare_seconds(clients: int, rounds: int) -> float:
+    """Seconds per round of the bare loop: the same clients, data, steps and FedAvg, one reused model."""
+    experiment = Experiment.build(engine_config(clients, rounds + 2))
+    data = {c: experiment.client_data(c) for c in range(clients)}
+    model = experiment.setup.build_model()
+    train = experiment.setup.train
+    state = trainable_state(model)
+    done = [0]
+
+    def run(count: int) -> None:
+        nonlocal state
+        for _ in range(count):
+            state = bare_round(model, state, data, train.batch_size, train.lr, train.momentum,
+                               derive_seed(0, "bench", done[0]))
+            done[0] += 1
+
+    return seconds_per_round(run, rounds)
+
+
+def bare_round(model: torch.nn.Module, state: dict[str, torch.Tensor], data: dict[int, TaskData], batch_size: int,
+               lr: float, momentum: float, seed: int) -> dict[str, torch.Tensor]:
+    """One FedAvg round by hand: every client trains one epoch (of its largest task) and the trained parameters are
+    averaged, weighted by sample counts."""
+    sums: dict[str, torch.Tensor] = {}
+    weights: dict[str, float] = {}
+    for client, tasks in data.items():
+        load_state(model, state)
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr, momentum=momentum)
+        steps = max(math.ceil(len(y) / batch_size) for _, y in tasks.values())
+        streams = {t: shuffled_batches(x, y, batch_size, seed + client, t) for t, (x, y) in tasks.items()}
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = sum(torch.nn.functional.cross_entropy(model(x, t), y) for t, (x, y) in
+                       ((t, next(s)) for t, s in streams.items()))
+            loss.backward()
+            opt.step()
+        size = float(sum(len(y) for _, y in tasks.values()))
+        for key, value in trainable_state(model, list(tasks)).items():
+            sums[key] = sums.get(key, 0) + size * value
+            weights[key] = weights.get(key, 0.0) + size
+    return {**state, **{k: v / weights[k] for k, v in sums.items()}}
+
+
+def engine_overhead(clients: tuple[int, ...] = (30, 100), rounds: int = 5) -> list[dict[str, float]]:
+    """Local engine vs bare loop, seconds per round and their ratio, per client count (one torch thread)."""
+    torch.set_num_threads(1)
+    rows = []
+    for count in clients:
+        engine, bare = engine_seconds(count, rounds), bare_seconds(count, rounds)
+        rows.append({"clients": count, "engine_s_per_round": engine, "bare_s_per_round": bare,
+                     "ratio": engine / bare})
+    return rows
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpus": torch.get_num_threads(), "processor": platform.processor() or platform.machine()}
+
+
+def run_bench(out: Path, rounds: int = 5) -> dict[str, Any]:
+    """Every ratio, printed by the caller and written to `out` as JSON."""
+    results = {"machine": machine(), "engine_overhead": engine_overhead(rounds=rounds)}
+    out.write_text(json.dumps(results, indent=2))
+    return results

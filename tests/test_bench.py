@@ -1,0 +1,21 @@
+"""`manytask bench` runs and writes its figures (the speed targets live in the command, never in a timed test)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from manytask.cli import app
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_prints_and_writes_the_engine_overhead_ratios(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "bench.json"), "--rounds", "1"])
+    assert result.exit_code == 0, result.output
+    figures = json.loads((tmp_path / "bench.json").read_text())
+    assert [row["clients"] for row in figures["engine_overhead"]] == [30, 100]
+    for row in figures["engine_overhead"]:
+        assert row["ratio"] == pytest.approx(row["engine_s_per_round"] / row["bare_s_per_round"])
+        assert row["engine_s_per_round"] > 0 and row["bare_s_per_round"] > 0
+    assert "engine / bare" in result.output and figures["machine"]["torch"]
