@@ -10,7 +10,7 @@ from manytask.cli import app
 pytestmark = pytest.mark.slow
 
 
-def test_bench_prints_and_writes_the_engine_overhead_ratios(tmp_path):
+def test_bench_prints_and_writes_its_ratios(tmp_path):
     result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "bench.json"), "--rounds", "1"])
     assert result.exit_code == 0, result.output
     figures = json.loads((tmp_path / "bench.json").read_text())
@@ -18,4 +18,7 @@ def test_bench_prints_and_writes_the_engine_overhead_ratios(tmp_path):
     for row in figures["engine_overhead"]:
         assert row["ratio"] == pytest.approx(row["engine_s_per_round"] / row["bare_s_per_round"])
         assert row["engine_s_per_round"] > 0 and row["bare_s_per_round"] > 0
-    assert "engine / bare" in result.output and figures["machine"]["torch"]
+    parallel = figures["parallel_clients"]
+    assert parallel["workers"] == 2
+    assert parallel["speedup"] == pytest.approx(parallel["one_process_s_per_round"] / parallel["workers_s_per_round"])
+    assert "engine / bare" in result.output and "speed-up" in result.output and figures["machine"]["torch"]

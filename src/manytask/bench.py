@@ -15,6 +15,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import torch
 from manytask.client.trainer import TaskData, shuffled_batches
 from manytask.config import RunConfig, validate
 from manytask.engine.local import local_engine
+from manytask.engine.loop import RoundLoop
+from manytask.engine.pool import ProcessPoolTransport
 from manytask.experiment import Experiment
 from manytask.models.multitask import load_state, trainable_state
 from manytask.rundir import RunDir
@@ -49,14 +52,19 @@ def seconds_per_round(run: Callable[[int], Any], rounds: int) -> float:
     return (time.perf_counter() - began) / rounds
 
 
-def engine_seconds(clients: int, rounds: int) -> float:
-    """Seconds per round of the local engine: serialization, aggregation, checkpoints and metric rows included;
-    no evaluation (the run is stopped before its last round, and evaluates only then)."""
-    experiment = Experiment.build(engine_config(clients, rounds + 2))
-    with tempfile.TemporaryDirectory() as folder:
+def engine_seconds(config: RunConfig, rounds: int) -> float:
+    """Seconds per round of the local engine (with `config.workers` processes): serialization, aggregation,
+    checkpoints and metric rows included; no evaluation (the config's `rounds` and `eval_every` lie beyond the
+    timed rounds)."""
+    experiment = Experiment.build(config)
+    with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
         run_dir = RunDir(Path(folder))
         run_dir.start("", experiment.federation.to_json())
-        loop = local_engine(experiment, run_dir)
+        if config.workers > 1:
+            transport = stack.enter_context(ProcessPoolTransport(experiment, config.workers))
+            loop = RoundLoop(experiment, run_dir, transport)
+        else:
+            loop = local_engine(experiment, run_dir)
         done = [0]
 
         def run(count: int) -> None:
@@ -114,10 +122,26 @@ def engine_overhead(clients: tuple[int, ...] = (30, 100), rounds: int = 5) -> li
     torch.set_num_threads(1)
     rows = []
     for count in clients:
-        engine, bare = engine_seconds(count, rounds), bare_seconds(count, rounds)
+        engine, bare = engine_seconds(engine_config(count, rounds + 2), rounds), bare_seconds(count, rounds)
         rows.append({"clients": count, "engine_s_per_round": engine, "bare_s_per_round": bare,
                      "ratio": engine / bare})
     return rows
+
+
+def parallel_config(workers: int, rounds: int, seed: int = 0) -> RunConfig:
+    """A workload with enough compute per client for processes to pay: 20 clients, a wider MLP, 4 local epochs."""
+    data = engine_config(20, rounds, seed).model_dump(mode="json")
+    data["model"] = {"backbone": "mlp", "hidden": [256, 256]}
+    data["train"]["local_epochs"] = 4
+    return validate({**data, "name": f"bench-workers-{workers}", "workers": workers})
+
+
+def parallel_speedup(workers: int = 2, rounds: int = 3) -> dict[str, float]:
+    """Seconds per round with one process and with `workers`, and the speed-up (same numbers either way)."""
+    torch.set_num_threads(1)
+    one = engine_seconds(parallel_config(1, rounds + 2), rounds)
+    many = engine_seconds(parallel_config(workers, rounds + 2), rounds)
+    return {"workers": workers, "one_process_s_per_round": one, "workers_s_per_round": many, "speedup": one / many}
 
 
 def machine() -> dict[str, Any]:
@@ -127,6 +151,7 @@ def machine() -> dict[str, Any]:
 
 def run_bench(out: Path, rounds: int = 5) -> dict[str, Any]:
     """Every ratio, printed by the caller and written to `out` as JSON."""
-    results = {"machine": machine(), "engine_overhead": engine_overhead(rounds=rounds)}
+    results = {"machine": machine(), "engine_overhead": engine_overhead(rounds=rounds),
+               "parallel_clients": parallel_speedup(rounds=rounds)}
     out.write_text(json.dumps(results, indent=2))
     return results

@@ -101,7 +101,7 @@ def bench(
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="timed rounds per measurement")] = 5,
 ) -> None:
     """Measure the speed ratios on this machine, side by side (docs/performance.md): the local engine against a
-    bare PyTorch loop doing the same SGD steps, at 30 and 100 clients."""
+    bare PyTorch loop doing the same SGD steps, at 30 and 100 clients; two worker processes against one."""
     from manytask.bench import run_bench
     from manytask.report import rich_table
 
@@ -111,6 +111,12 @@ def bench(
                  f"{r['ratio']:.2f}"] for r in results["engine_overhead"]]
         headers = ["clients", "local engine s/round", "bare loop s/round", "engine / bare"]
         out_console.print(rich_table(headers, rows, "engine overhead (FedAvg, digits-tasks, MLP [64], 1 thread)"))
+        par = results["parallel_clients"]
+        out_console.print(rich_table(
+            ["workers", "1 process s/round", f"{par['workers']} workers s/round", "speed-up"],
+            [[str(par["workers"]), f"{par['one_process_s_per_round']:.4f}", f"{par['workers_s_per_round']:.4f}",
+              f"{par['speedup']:.2f}"]],
+            "parallel clients (FedAvg, 20 clients, MLP [256, 256], 4 local epochs, same numbers)"))
         out_console.print(f"machine: {results['machine']['processor']}, {results['machine']['platform']}; "
                           f"figures: {out}")
 

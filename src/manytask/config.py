@@ -65,6 +65,8 @@ class RunConfig(Params):
     min_replies: int = Field(default=1, ge=1, description="fewer replies than this (or than sampled) fail a round")
     reference: str | None = Field(default="centralized", description="run label normalizing accuracy")
     threads: int = Field(default=1, ge=1, description="torch intra-op threads; small models are fastest on 1")
+    workers: int = Field(default=1, ge=1, description="processes training a round's clients in parallel (local "
+                         "engine); the numbers do not depend on it")
     power_watts: float = Field(
         15.0, gt=0, description="power of one busy client process for energy estimates (W): a laptop CPU core"
     )

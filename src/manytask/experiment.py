@@ -52,6 +52,9 @@ class Experiment:
             benchmark = make_benchmark(config)
         pretrained = model.pretrained_weights(benchmark, config.seed)
         federation = make_federation(config, benchmark, pooled=method.pooled)
+        if config.workers > 1 and config.engine != "local":
+            raise ManytaskError(f"workers={config.workers} spreads clients over processes of the local engine; "
+                                f"engine '{config.engine}' places clients itself, so set workers: 1.")
         if config.clients_per_round is not None and config.clients_per_round > federation.num_clients:
             raise ManytaskError(
                 f"clients_per_round={config.clients_per_round} exceeds the {federation.num_clients} clients."

@@ -84,6 +84,10 @@ def engine_for(exp: Experiment, run_dir: RunDir, observer: RoundObserver | None)
         from manytask.engine.flower.deployment import run_on_superlink
 
         return lambda stop_after: run_on_superlink(exp, run_dir, observer, stop_after)
+    if exp.config.workers > 1:
+        from manytask.engine.pool import run_with_workers
+
+        return lambda stop_after: run_with_workers(exp, run_dir, observer, stop_after)
     return local_engine(exp, run_dir, observer).run
 
 

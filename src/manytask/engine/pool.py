@@ -1,0 +1,106 @@
+"""Parallel clients for the local engine (`workers: N`): a round's clients trained in N worker processes.
+
+Each worker builds the same `Experiment` from the run's config (the benchmark, federation and programs are
+deterministic in it) and runs clients with the one `ClientRunner`. What crosses between processes is what crosses
+the wire anyway: serialized payloads and replies, plus each client's state serialized the same way, kept by the
+main process (so checkpoints and resume are the local engine's). A client's result depends only on its payload,
+state, seed and round, never on which worker ran it or when, so N workers give one process's numbers.
+Processes are spawned, not forked: a forked child of a process that has used torch's thread pools can deadlock.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from types import TracebackType
+from typing import Any
+
+from manytask.config import validate
+from manytask.engine.client_runner import ClientRunner, ClientState
+from manytask.engine.loop import FitOutcome, Payloads, RoundLoop, RoundObserver
+from manytask.experiment import Experiment
+from manytask.messages import Message, decode, encode
+from manytask.methods.base import Metrics
+from manytask.rundir import RunDir
+
+_runner: ClientRunner | None = None  # the worker process's runner, built once by `_start_worker`
+
+
+def _start_worker(config: dict[str, Any]) -> None:
+    global _runner
+    _runner = ClientRunner(Experiment.build(validate(config)))
+
+
+def _worker() -> ClientRunner:
+    assert _runner is not None, "worker used before its initializer ran"
+    return _runner
+
+
+def pack_state(state: ClientState) -> bytes:
+    return encode(Message.from_tensors(state))
+
+
+def unpack_state(data: bytes) -> ClientState:
+    return {k: v.clone() for k, v in decode(data).tensors().items()}
+
+
+def _fit(client: int, round_index: int, payload: bytes | None, state: bytes) -> tuple[bytes | None, float, bytes]:
+    held = unpack_state(state)
+    reply, seconds = _worker().fit(client, round_index, payload, held)
+    return reply, seconds, pack_state(held)
+
+
+def _evaluate(client: int, payload: bytes | None, state: bytes) -> Metrics:
+    return _worker().evaluate(client, payload, unpack_state(state))
+
+
+class ProcessPoolTransport:
+    """The in-process transport's contract, with clients spread over `workers` spawned processes."""
+
+    def __init__(self, experiment: Experiment, workers: int) -> None:
+        config = experiment.config.model_dump(mode="json")
+        self.pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start_worker,
+                                        initargs=(config,))
+        self.states: dict[int, ClientState] = {}
+
+    def fit(self, round_index: int, payloads: Payloads, simulated_drops: set[int]) -> FitOutcome:
+        outcome = FitOutcome()
+        futures = {}
+        for client, payload in payloads.items():
+            if client in simulated_drops:
+                outcome.failures[client] = "simulated dropout"
+                continue
+            state = pack_state(self.states.get(client, {}))
+            futures[client] = self.pool.submit(_fit, client, round_index, payload, state)
+        for client, future in futures.items():
+            reply, seconds, state = future.result()
+            outcome.replies[client], outcome.seconds[client] = reply, seconds
+            self.states[client] = unpack_state(state)
+        return outcome
+
+    def evaluate(self, payloads: Payloads) -> dict[int, Metrics]:
+        futures = {c: self.pool.submit(_evaluate, c, p, pack_state(self.states.get(c, {})))
+                   for c, p in payloads.items()}
+        return {c: future.result() for c, future in futures.items()}
+
+    def client_states(self) -> dict[int, ClientState]:
+        return self.states
+
+    def restore_client_states(self, states: dict[int, ClientState]) -> None:
+        self.states = states
+
+    def __enter__(self) -> ProcessPoolTransport:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+
+def run_with_workers(
+    experiment: Experiment, run_dir: RunDir, observer: RoundObserver | None, stop_after: int | None
+) -> dict[str, Any] | None:
+    """The local engine's round loop with clients trained in `workers` processes."""
+    with ProcessPoolTransport(experiment, experiment.config.workers) as transport:
+        return RoundLoop(experiment, run_dir, transport, observer).run(stop_after)
