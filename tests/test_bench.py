@@ -21,4 +21,6 @@ def test_bench_prints_and_writes_its_ratios(tmp_path):
     parallel = figures["parallel_clients"]
     assert parallel["workers"] == 2
     assert parallel["speedup"] == pytest.approx(parallel["one_process_s_per_round"] / parallel["workers_s_per_round"])
+    assert [(m["clients"], m["participation"]) for m in figures["peak_memory"]] == [(1000, 0.1), (10_000, 0.01)]
+    assert all(100 < m["peak_rss_mb"] < 4096 for m in figures["peak_memory"])  # the bound: under 4 GB
     assert "engine / bare" in result.output and "speed-up" in result.output and figures["machine"]["torch"]

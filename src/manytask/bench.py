@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import platform
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -144,6 +146,39 @@ def parallel_speedup(workers: int = 2, rounds: int = 3) -> dict[str, float]:
     return {"workers": workers, "one_process_s_per_round": one, "workers_s_per_round": many, "speedup": one / many}
 
 
+def scale_config(clients: int, participation: float, rounds: int = 5) -> dict[str, Any]:
+    """FedAvg on `synthetic` (4 tasks of 100 000 samples) with `clients` registered clients, a fraction sampled."""
+    return {
+        "name": f"bench-scale-{clients}", "method": "fedavg", "rounds": rounds, "seed": 0, "reference": None,
+        "benchmark": {"name": "synthetic", "num_tasks": 4, "train_per_task": 100_000, "test_per_task": 500},
+        "federation": {"num_clients": clients, "tasks": {"kind": "dirichlet", "zeta": 0.5}, "samples": {"kind": "iid"}},
+        "model": {"backbone": "mlp", "hidden": [64]}, "participation": participation, "eval_every": rounds,
+        "train": {"optimizer": "sgd", "lr": 0.05, "local_epochs": 1, "batch_size": 32},
+    }
+
+
+PEAK_RSS = """
+import json, resource, sys, tempfile
+from pathlib import Path
+from manytask.config import validate
+from manytask.run import run_config
+with tempfile.TemporaryDirectory() as out:
+    run_config(validate(json.loads(sys.argv[1])), Path(out) / "run")
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def peak_memory(runs: tuple[tuple[int, float], ...] = ((1000, 0.1), (10_000, 0.01))) -> list[dict[str, float]]:
+    """Peak resident memory (MB) of a whole 5-round run in a fresh process, per (registered clients, participation)."""
+    rows = []
+    for clients, participation in runs:
+        done = subprocess.run([sys.executable, "-c", PEAK_RSS, json.dumps(scale_config(clients, participation))],
+                              capture_output=True, text=True, check=True)
+        rows.append({"clients": clients, "participation": participation,
+                     "peak_rss_mb": int(done.stdout.split()[-1]) / 1024})
+    return rows
+
+
 def machine() -> dict[str, Any]:
     return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpus": torch.get_num_threads(), "processor": platform.processor() or platform.machine()}
@@ -152,6 +187,6 @@ def machine() -> dict[str, Any]:
 def run_bench(out: Path, rounds: int = 5) -> dict[str, Any]:
     """Every ratio, printed by the caller and written to `out` as JSON."""
     results = {"machine": machine(), "engine_overhead": engine_overhead(rounds=rounds),
-               "parallel_clients": parallel_speedup(rounds=rounds)}
+               "parallel_clients": parallel_speedup(rounds=rounds), "peak_memory": peak_memory()}
     out.write_text(json.dumps(results, indent=2))
     return results

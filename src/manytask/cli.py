@@ -117,6 +117,11 @@ def bench(
             [[str(par["workers"]), f"{par['one_process_s_per_round']:.4f}", f"{par['workers_s_per_round']:.4f}",
               f"{par['speedup']:.2f}"]],
             "parallel clients (FedAvg, 20 clients, MLP [256, 256], 4 local epochs, same numbers)"))
+        out_console.print(rich_table(
+            ["registered clients", "participation", "peak resident MB"],
+            [[str(m["clients"]), f"{m['participation']:.0%}", f"{m['peak_rss_mb']:.0f}"]
+             for m in results["peak_memory"]],
+            "memory (FedAvg on synthetic, 5 rounds, a whole run in a fresh process)"))
         out_console.print(f"machine: {results['machine']['processor']}, {results['machine']['platform']}; "
                           f"figures: {out}")
 

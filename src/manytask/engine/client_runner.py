@@ -6,6 +6,7 @@ The local engine calls it in-process; Flower's ClientApp calls it on a SuperNode
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 import torch
 from torch import Tensor
@@ -17,6 +18,7 @@ from manytask.methods.base import ClientContext, Metrics
 from manytask.seeding import derive_seed, seed_global_rng
 
 ClientState = dict[str, Tensor]
+CACHED_CLIENTS = 1024  # clients whose training tensors stay materialized: memory is bounded, not ∝ the federation
 
 
 class ClientRunner:
@@ -24,7 +26,7 @@ class ClientRunner:
         self.exp = experiment
         torch.set_num_threads(experiment.config.threads)  # this may be a fresh process (a Flower ClientApp)
         self.program = experiment.client_program()
-        self._data: dict[int, TaskData] = {}
+        self._data: OrderedDict[int, TaskData] = OrderedDict()  # the most recently asked-for clients' data
 
     def fit(
         self, client: int, round_index: int, payload: bytes | None, state: ClientState
@@ -47,6 +49,10 @@ class ClientRunner:
 
     def _context(self, client: int, round_index: int, state: ClientState, seed: int) -> ClientContext:
         seed_global_rng(seed)  # programs that draw from torch's global RNG stay reproducible too
-        if client not in self._data:
-            self._data[client] = self.exp.client_data(client)
-        return ClientContext(client, round_index, self._data[client], state, seed)
+        data = self._data.pop(client, None)
+        if data is None:
+            data = self.exp.client_data(client)
+        self._data[client] = data  # most recent last
+        if len(self._data) > CACHED_CLIENTS:
+            self._data.pop(next(iter(self._data)))
+        return ClientContext(client, round_index, data, state, seed)
