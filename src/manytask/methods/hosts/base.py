@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import torch
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -86,11 +87,59 @@ class HostModel:
         return set()
 
 
+class ModelPool:
+    """The models one client program trains, built once and reset between clients instead of built again.
+
+    A reset copies the initial values of every parameter and buffer back and restores the requires_grad flags, so a
+    taken model is its `build_model()` in its initial state, bit for bit, at a fraction of the cost of building and
+    seeding a new one. Models taken while serving one client context stay distinct; all of them are free again once
+    the program serves another context (programs run one client call at a time)."""
+
+    def __init__(self, build: Callable[[], tuple[MultiTaskModel, nn.Module]]) -> None:
+        self.build = build
+        self.free: list[_Pooled] = []
+        self.taken: list[_Pooled] = []
+        self.owner: ClientContext | None = None
+
+    def take(self, ctx: ClientContext) -> tuple[MultiTaskModel, nn.Module]:
+        if ctx is not self.owner:
+            self.free += self.taken
+            self.taken, self.owner = [], ctx
+        pooled = self.free.pop().reset() if self.free else _Pooled(*self.build())
+        self.taken.append(pooled)
+        return pooled.model, pooled.module
+
+
+class _Pooled:
+    """A built model and what resetting it needs: its tensors with their initial values, its parameters' flags."""
+
+    def __init__(self, model: MultiTaskModel, module: nn.Module) -> None:
+        self.model, self.module = model, module
+        parts = (model, module)
+        params = list({id(p): p for part in parts for p in part.parameters()}.values())
+        tensors = params + list({id(b): b for part in parts for b in part.buffers()}.values())
+        self.initial = [(t, t.detach().clone()) for t in tensors]
+        self.flags = [(p, p.requires_grad) for p in params]
+
+    def reset(self) -> _Pooled:
+        with torch.no_grad():
+            for tensor, value in self.initial:
+                tensor.copy_(value)
+        for param, flag in self.flags:
+            param.requires_grad_(flag)
+            param.grad = None
+        return self
+
+
 class HostClient(HostModel, ClientProgram[HostParams]):
     """Loads the received parameters, trains, uploads the trained parameters and buffers + sizes and losses.
 
     Joint (default): one model trained on all held tasks at once. `per_task`: one copy per held task, each trained
     on that task alone and uploaded as `copy/<task>/<name>` (the MaTU paper's FedAvg baseline)."""
+
+    def __init__(self, setup: Setup, params: HostParams) -> None:
+        super().__init__(setup, params)
+        self.models = ModelPool(self.build_model)
 
     def hooks(self, ctx: ClientContext, copy: TrainedCopy) -> list[TrainHook]:
         """Training hooks of the host's local objective (none for FedAvg)."""
@@ -145,7 +194,7 @@ class HostClient(HostModel, ClientProgram[HostParams]):
 
     def start(self, ctx: ClientContext, received: dict[str, Tensor], tasks: list[str]) -> TrainedCopy:
         """A copy built from what was sent, with the client's local parameters (if any) over it."""
-        model, module = self.build_model()
+        model, module = self.models.take(ctx)
         name = tasks[0] if self.params.per_task else None
         seed = derive_seed(ctx.seed, *tasks) if self.params.per_task else ctx.seed
         copy = TrainedCopy(name, tasks, model, module, received, seed)
