@@ -42,3 +42,30 @@ def test_models_taken_for_one_client_are_distinct_and_reset_to_a_fresh_build_for
     assert _state(c).keys() == _state(fresh).keys()
     assert all(torch.equal(_state(c)[k], v) for k, v in _state(fresh).items())
     assert all(p.requires_grad and p.grad is None for p in c.parameters())
+
+
+def test_load_state_is_load_state_dict_with_one_copy_per_tensor():
+    from manytask.models.multitask import BUFFER_PREFIX, load_state, state_keys, trainable_state
+
+    source, fast, reference = _build()[0], _build()[0], _build()[0]
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(torch.randn_like(p))
+    source.train()
+    source(torch.randn(6, 5), "a")  # BN statistics move
+    state = trainable_state(source)
+    state[BUFFER_PREFIX + "backbone.layers.2.num_batches_tracked"] = torch.tensor([3])  # a scalar sent as (1,)
+    state["heads.zzz.weight"] = torch.zeros(2)  # a key the model lacks
+    assert load_state(fast, state) == ["heads.zzz.weight"]
+    plain = {k.removeprefix(BUFFER_PREFIX): v for k, v in state.items()}
+    assert reference.load_state_dict(plain, strict=False).unexpected_keys == ["heads.zzz.weight"]
+    assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), reference.state_dict().values(),
+                                                     strict=True))
+    assert list(state_keys(fast)) == list(trainable_state(reference))
+    bad = {next(iter(state)): torch.zeros(1, 1)}
+    try:
+        load_state(fast, bad)
+    except RuntimeError as err:
+        assert "size mismatch" in str(err)
+    else:
+        raise AssertionError("a wrong shape must not load")

@@ -29,7 +29,6 @@ from manytask.engine.local import local_engine
 from manytask.engine.loop import RoundLoop
 from manytask.engine.pool import ProcessPoolTransport
 from manytask.experiment import Experiment
-from manytask.models.multitask import load_state, trainable_state
 from manytask.rundir import RunDir
 from manytask.seeding import derive_seed
 
@@ -82,7 +81,7 @@ def bare_seconds(clients: int, rounds: int) -> float:
     data = {c: experiment.client_data(c) for c in range(clients)}
     model = experiment.setup.build_model()
     train = experiment.setup.train
-    state = trainable_state(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     done = [0]
 
     def run(count: int) -> None:
@@ -97,13 +96,13 @@ def bare_seconds(clients: int, rounds: int) -> float:
 
 def bare_round(model: torch.nn.Module, state: dict[str, torch.Tensor], data: dict[int, TaskData], batch_size: int,
                lr: float, momentum: float, seed: int) -> dict[str, torch.Tensor]:
-    """One FedAvg round by hand: every client trains one epoch (of its largest task) and the trained parameters are
-    averaged, weighted by sample counts."""
+    """One FedAvg round in plain PyTorch: every client loads the global state, trains one epoch (of its largest
+    task), and its shared weights and its tasks' heads are averaged, weighted by sample counts."""
     sums: dict[str, torch.Tensor] = {}
     weights: dict[str, float] = {}
     for client, tasks in data.items():
-        load_state(model, state)
-        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr, momentum=momentum)
+        model.load_state_dict(state)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
         steps = max(math.ceil(len(y) / batch_size) for _, y in tasks.values())
         streams = {t: shuffled_batches(x, y, batch_size, seed + client, t) for t, (x, y) in tasks.items()}
         for _ in range(steps):
@@ -113,9 +112,10 @@ def bare_round(model: torch.nn.Module, state: dict[str, torch.Tensor], data: dic
             loss.backward()
             opt.step()
         size = float(sum(len(y) for _, y in tasks.values()))
-        for key, value in trainable_state(model, list(tasks)).items():
-            sums[key] = sums.get(key, 0) + size * value
-            weights[key] = weights.get(key, 0.0) + size
+        for key, value in model.state_dict().items():
+            if not key.startswith("heads.") or key.split(".")[1] in tasks:
+                sums[key] = sums.get(key, 0) + size * value
+                weights[key] = weights.get(key, 0.0) + size
     return {**state, **{k: v / weights[k] for k, v in sums.items()}}
 
 

@@ -89,6 +89,33 @@ def is_buffer(key: str) -> bool:
     return key.startswith(BUFFER_PREFIX)
 
 
+class _Named:
+    """A model's named tensors, walked once: parameters and buffers in model order, and what `load_state_dict`
+    would fill (parameters and persistent buffers). Kept on the model (`model_tensors`): a built model's module
+    tree does not change, and walking it on every send, load and upload was a large part of a small client's round."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.parameters = list(model.named_parameters())
+        self.buffers = list(model.named_buffers())
+        self.loadable = dict(model.state_dict(keep_vars=True))
+        self.plain_loading = all(_loads_plainly(m) for m in model.modules())
+
+
+def _loads_plainly(module: nn.Module) -> bool:
+    """True when loading into `module` is a copy per tensor: no load hooks, and no loading logic of its own other
+    than BatchNorm's (which only fills a missing `num_batches_tracked`)."""
+    own = type(module)._load_from_state_dict
+    default = own is nn.Module._load_from_state_dict or own is nn.modules.batchnorm._NormBase._load_from_state_dict
+    return default and not module._load_state_dict_pre_hooks and not module._load_state_dict_post_hooks
+
+
+def model_tensors(model: nn.Module) -> _Named:
+    named = model.__dict__.get("_manytask_named")
+    if named is None:
+        named = model.__dict__["_manytask_named"] = _Named(model)
+    return named
+
+
 def state_keys(model: nn.Module, tasks: Iterable[str] | None = None) -> list[str]:
     """The keys `trainable_state` returns, without copying anything."""
     wanted = None if tasks is None else set(tasks)
@@ -96,8 +123,9 @@ def state_keys(model: nn.Module, tasks: Iterable[str] | None = None) -> list[str
     def kept(key: str) -> bool:
         return (task := task_of_key(key)) is None or wanted is None or task in wanted
 
-    keys = [key for key, p in model.named_parameters() if p.requires_grad and kept(key)]
-    return keys + [BUFFER_PREFIX + key for key, _ in model.named_buffers() if kept(key)]
+    named = model_tensors(model)
+    keys = [key for key, p in named.parameters if p.requires_grad and kept(key)]
+    return keys + [BUFFER_PREFIX + key for key, _ in named.buffers if kept(key)]
 
 
 def trainable_state(model: nn.Module, tasks: Iterable[str] | None = None) -> dict[str, Tensor]:
@@ -105,15 +133,31 @@ def trainable_state(model: nn.Module, tasks: Iterable[str] | None = None) -> dic
     adapters when the backbone is frozen) and the heads of `tasks` (all heads when None), then the buffers of the
     same parts (BN running statistics) as `buffer/<name>`. This is what methods send and keep; frozen pretrained
     weights are known to both sides and never travel."""
-    values = {**dict(model.named_parameters()), **{BUFFER_PREFIX + k: b for k, b in model.named_buffers()}}
+    named = model_tensors(model)
+    values = {**dict(named.parameters), **{BUFFER_PREFIX + k: b for k, b in named.buffers}}
     return {key: values[key].detach().clone() for key in state_keys(model, tasks)}
 
 
 def load_state(model: nn.Module, state: Mapping[str, Tensor]) -> list[str]:
     """Load parameters and marked buffers into `model` (keys it lacks are ignored, missing ones left as they
-    are); returns the keys the model does not have."""
+    are); returns the keys the model does not have. Exactly `load_state_dict(strict=False)`, done as one copy per
+    tensor where the model has no loading logic of its own."""
     plain = {key.removeprefix(BUFFER_PREFIX): value for key, value in state.items()}
-    return model.load_state_dict(plain, strict=False).unexpected_keys
+    named = model_tensors(model)
+    if not named.plain_loading:
+        return model.load_state_dict(plain, strict=False).unexpected_keys
+    unexpected = [key for key in plain if key not in named.loadable]
+    with torch.no_grad():
+        for key, value in plain.items():
+            target = named.loadable.get(key)
+            if target is not None:
+                if target.dim() == 0 and value.shape == (1,):
+                    value = value[0]  # load_state_dict's rule for scalars stored as one-element vectors
+                if target.shape != value.shape:
+                    raise RuntimeError(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)}, "
+                                       f"the shape in the current model is {tuple(target.shape)}.")
+                target.copy_(value)
+    return unexpected
 
 
 def build_model(
