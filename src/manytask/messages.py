@@ -73,9 +73,9 @@ def decode(data: bytes) -> Message:
         raise ValueError("not a manytask message (bad magic bytes)")
     (header_len,) = struct.unpack("<I", data[4:8])
     header = json.loads(data[8 : 8 + header_len])
-    offset, arrays = 8 + header_len, {}
+    offset, arrays, view = 8 + header_len, {}, memoryview(data)
     for entry in header["arrays"]:
-        raw = data[offset : offset + entry["nbytes"]]
+        raw = view[offset : offset + entry["nbytes"]]  # a view: each array is copied once, into its own buffer
         if len(raw) != entry["nbytes"] or entry["dtype"] not in _DTYPES:
             raise ValueError(f"corrupt message: array '{entry['name']}' is truncated or has a bad dtype")
         offset += entry["nbytes"]
@@ -85,7 +85,7 @@ def decode(data: bytes) -> Message:
     return Message(arrays, header["scalars"])
 
 
-def _array_from_bytes(raw: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+def _array_from_bytes(raw: bytes | memoryview, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     if dtype == "bool":
         flat = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=count).astype(np.bool_)
