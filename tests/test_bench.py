@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_prints_and_writes_its_ratios(tmp_path):
-    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "bench.json"), "--rounds", "1"])
+    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "bench.json"), "--rounds", "1", "--no-flower"])
     assert result.exit_code == 0, result.output
     figures = json.loads((tmp_path / "bench.json").read_text())
     assert [row["clients"] for row in figures["engine_overhead"]] == [30, 100]

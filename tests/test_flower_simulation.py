@@ -121,3 +121,12 @@ def test_mas_matches_the_local_engine_in_flower_sim(tmp_path):
             for run in (local, sim)]
     assert fits[0] == fits[1] and [f["stage"] for f in fits[0]] == [0, 0, 1, 2]
     assert any(k.startswith("affinity/") for k in fits[0][1]) and any(k.startswith("split/") for k in fits[0][2])
+
+
+def test_bench_times_flowers_simulation_against_the_local_engine(tmp_path):
+    done = run_in_netns("bench", "--rounds", "1", "--out", str(tmp_path / "bench.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    sim = json.loads((tmp_path / "bench.json").read_text())["flower_simulation"]
+    assert sim["clients"] == 30
+    assert sim["ratio"] == pytest.approx(sim["flower_sim_s_per_round"] / sim["local_s_per_round"])
+    assert "Flower / local" in done.stdout

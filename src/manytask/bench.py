@@ -9,9 +9,11 @@ messages, no checkpoints, no evaluation, no per-client model): the engine's over
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -146,6 +148,27 @@ def parallel_speedup(workers: int = 2, rounds: int = 3) -> dict[str, float]:
     return {"workers": workers, "one_process_s_per_round": one, "workers_s_per_round": many, "speedup": one / many}
 
 
+def median_round_seconds(run_dir: Path) -> float:
+    """The median wall seconds of a finished run's rounds after the first (evaluation only in the last round)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return statistics.median(row["wall_seconds"] for row in rows[1:-1])
+
+
+def flower_ratio(clients: int = 30, rounds: int = 5) -> dict[str, float]:
+    """Seconds per round of Flower's simulation against the local engine on the engine workload: the median of the
+    round times both record in metrics.jsonl, the first round (start-up) and the last (evaluation) left out."""
+    from manytask.run import run_config
+
+    config = engine_config(clients, rounds + 2)
+    seconds = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for engine in ("local", "flower-sim"):
+            run_config(config.model_copy(update={"engine": engine}), Path(folder) / engine)
+            seconds[engine] = median_round_seconds(Path(folder) / engine)
+    return {"clients": clients, "local_s_per_round": seconds["local"], "flower_sim_s_per_round": seconds["flower-sim"],
+            "ratio": seconds["flower-sim"] / seconds["local"]}
+
+
 def scale_config(clients: int, participation: float, rounds: int = 5) -> dict[str, Any]:
     """FedAvg on `synthetic` (4 tasks of 100 000 samples) with `clients` registered clients, a fraction sampled."""
     return {
@@ -184,9 +207,15 @@ def machine() -> dict[str, Any]:
             "cpus": torch.get_num_threads(), "processor": platform.processor() or platform.machine()}
 
 
-def run_bench(out: Path, rounds: int = 5) -> dict[str, Any]:
-    """Every ratio, printed by the caller and written to `out` as JSON."""
+def flower_installed() -> bool:
+    return importlib.util.find_spec("flwr") is not None
+
+
+def run_bench(out: Path, rounds: int = 5, flower: bool = True) -> dict[str, Any]:
+    """Every ratio, printed by the caller and written to `out` as JSON; Flower's only where it is installed."""
     results = {"machine": machine(), "engine_overhead": engine_overhead(rounds=rounds),
                "parallel_clients": parallel_speedup(rounds=rounds), "peak_memory": peak_memory()}
+    if flower and flower_installed():
+        results["flower_simulation"] = flower_ratio(rounds=rounds)
     out.write_text(json.dumps(results, indent=2))
     return results

@@ -99,14 +99,16 @@ def run(
 def bench(
     out: Annotated[Path, typer.Option("--out", help="where the figures go as JSON")] = Path("bench.json"),
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="timed rounds per measurement")] = 5,
+    flower: Annotated[bool, typer.Option("--flower/--no-flower", help="also time Flower's simulation")] = True,
 ) -> None:
     """Measure the speed ratios on this machine, side by side (docs/performance.md): the local engine against a
-    bare PyTorch loop doing the same SGD steps, at 30 and 100 clients; two worker processes against one."""
+    bare PyTorch loop doing the same SGD steps, at 30 and 100 clients; two worker processes against one; peak
+    memory at 1 000 and 10 000 clients; Flower's simulation against the local engine (when Flower is installed)."""
     from manytask.bench import run_bench
     from manytask.report import rich_table
 
     def body() -> None:
-        results = run_bench(out, rounds)
+        results = run_bench(out, rounds, flower)
         rows = [[str(r["clients"]), f"{r['engine_s_per_round']:.4f}", f"{r['bare_s_per_round']:.4f}",
                  f"{r['ratio']:.2f}"] for r in results["engine_overhead"]]
         headers = ["clients", "local engine s/round", "bare loop s/round", "engine / bare"]
@@ -122,6 +124,13 @@ def bench(
             [[str(m["clients"]), f"{m['participation']:.0%}", f"{m['peak_rss_mb']:.0f}"]
              for m in results["peak_memory"]],
             "memory (FedAvg on synthetic, 5 rounds, a whole run in a fresh process)"))
+        if "flower_simulation" in results:
+            sim = results["flower_simulation"]
+            out_console.print(rich_table(
+                ["clients", "local engine s/round", "Flower simulation s/round", "Flower / local"],
+                [[str(sim["clients"]), f"{sim['local_s_per_round']:.4f}", f"{sim['flower_sim_s_per_round']:.4f}",
+                  f"{sim['ratio']:.1f}"]],
+                "the local engine against Flower's simulation (same workload, same numbers)"))
         out_console.print(f"machine: {results['machine']['processor']}, {results['machine']['platform']}; "
                           f"figures: {out}")
 
