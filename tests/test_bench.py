@@ -11,7 +11,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_prints_and_writes_its_ratios(tmp_path):
-    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "bench.json"), "--rounds", "1", "--no-flower"])
+    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "bench.json"), "--rounds", "1", "--no-flower",
+                                          "--matu-d", "1000"])
     assert result.exit_code == 0, result.output
     figures = json.loads((tmp_path / "bench.json").read_text())
     assert [row["clients"] for row in figures["engine_overhead"]] == [30, 100]
@@ -23,4 +24,7 @@ def test_bench_prints_and_writes_its_ratios(tmp_path):
     assert parallel["speedup"] == pytest.approx(parallel["one_process_s_per_round"] / parallel["workers_s_per_round"])
     assert [(m["clients"], m["participation"]) for m in figures["peak_memory"]] == [(1000, 0.1), (10_000, 0.01)]
     assert all(100 < m["peak_rss_mb"] < 4096 for m in figures["peak_memory"])  # the bound: under 4 GB
+    matu = figures["matu_server_step"]
+    assert (matu["d"], matu["tasks"]) == (1000, 30) and matu["ratio"] == pytest.approx(
+        matu["server_step_s"] / matu["one_pass_s"])
     assert "engine / bare" in result.output and "speed-up" in result.output and figures["machine"]["torch"]

@@ -207,14 +207,37 @@ def machine() -> dict[str, Any]:
             "cpus": torch.get_num_threads(), "processor": platform.processor() or platform.machine()}
 
 
+def matu_server_step(d: int = 10_000_000, tasks: int = 30) -> dict[str, float]:
+    """MaTU's server step (`matu_math.aggregate`) over one upload per task of a d-entry unified vector, against one
+    pass over the same memory (summing the uploads): how far the server math is from memory-bound."""
+    from manytask.methods.manytask.matu_math import aggregate
+
+    generator = torch.Generator().manual_seed(0)
+    uploads = []
+    for t in range(tasks):
+        name = f"task{t:02d}"
+        uploads.append({"unified": torch.randn(d, generator=generator), "rescalers": {name: 1.0},
+                        "masks": {name: torch.rand(d, generator=generator) < 0.5}, "sizes": {name: 100}})
+    began = time.perf_counter()
+    total = torch.zeros(d)
+    for upload in uploads:
+        total += upload["unified"]
+    one_pass = time.perf_counter() - began
+    began = time.perf_counter()
+    aggregate(uploads)
+    step = time.perf_counter() - began
+    return {"d": d, "tasks": tasks, "server_step_s": step, "one_pass_s": one_pass, "ratio": step / one_pass}
+
+
 def flower_installed() -> bool:
     return importlib.util.find_spec("flwr") is not None
 
 
-def run_bench(out: Path, rounds: int = 5, flower: bool = True) -> dict[str, Any]:
+def run_bench(out: Path, rounds: int = 5, flower: bool = True, matu_d: int = 10_000_000) -> dict[str, Any]:
     """Every ratio, printed by the caller and written to `out` as JSON; Flower's only where it is installed."""
     results = {"machine": machine(), "engine_overhead": engine_overhead(rounds=rounds),
-               "parallel_clients": parallel_speedup(rounds=rounds), "peak_memory": peak_memory()}
+               "parallel_clients": parallel_speedup(rounds=rounds), "peak_memory": peak_memory(),
+               "matu_server_step": matu_server_step(d=matu_d)}
     if flower and flower_installed():
         results["flower_simulation"] = flower_ratio(rounds=rounds)
     out.write_text(json.dumps(results, indent=2))

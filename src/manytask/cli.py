@@ -100,6 +100,7 @@ def bench(
     out: Annotated[Path, typer.Option("--out", help="where the figures go as JSON")] = Path("bench.json"),
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="timed rounds per measurement")] = 5,
     flower: Annotated[bool, typer.Option("--flower/--no-flower", help="also time Flower's simulation")] = True,
+    matu_d: Annotated[int, typer.Option("--matu-d", min=1, help="entries of MaTU's unified vector")] = 10_000_000,
 ) -> None:
     """Measure the speed ratios on this machine, side by side (docs/performance.md): the local engine against a
     bare PyTorch loop doing the same SGD steps, at 30 and 100 clients; two worker processes against one; peak
@@ -108,7 +109,7 @@ def bench(
     from manytask.report import rich_table
 
     def body() -> None:
-        results = run_bench(out, rounds, flower)
+        results = run_bench(out, rounds, flower, matu_d)
         rows = [[str(r["clients"]), f"{r['engine_s_per_round']:.4f}", f"{r['bare_s_per_round']:.4f}",
                  f"{r['ratio']:.2f}"] for r in results["engine_overhead"]]
         headers = ["clients", "local engine s/round", "bare loop s/round", "engine / bare"]
@@ -124,6 +125,12 @@ def bench(
             [[str(m["clients"]), f"{m['participation']:.0%}", f"{m['peak_rss_mb']:.0f}"]
              for m in results["peak_memory"]],
             "memory (FedAvg on synthetic, 5 rounds, a whole run in a fresh process)"))
+        matu = results["matu_server_step"]
+        out_console.print(rich_table(
+            ["d", "tasks", "server step s", "one pass s", "step / pass"],
+            [[f"{matu['d']:,}", str(matu["tasks"]), f"{matu['server_step_s']:.2f}", f"{matu['one_pass_s']:.3f}",
+              f"{matu['ratio']:.0f}"]],
+            "MaTU's server step against one pass over its uploads' memory"))
         if "flower_simulation" in results:
             sim = results["flower_simulation"]
             out_console.print(rich_table(
