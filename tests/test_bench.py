@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 def test_bench_prints_and_writes_its_ratios(tmp_path):
     result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "bench.json"), "--rounds", "1", "--no-flower",
-                                          "--matu-d", "1000"])
+                                          "--matu-d", "1000", "--sfmtl-clients", "20"])
     assert result.exit_code == 0, result.output
     figures = json.loads((tmp_path / "bench.json").read_text())
     assert [row["clients"] for row in figures["engine_overhead"]] == [30, 100]
@@ -27,4 +27,5 @@ def test_bench_prints_and_writes_its_ratios(tmp_path):
     matu = figures["matu_server_step"]
     assert (matu["d"], matu["tasks"]) == (1000, 30) and matu["ratio"] == pytest.approx(
         matu["server_step_s"] / matu["one_pass_s"])
+    assert figures["sfmtl_graph"]["clients"] == 20 and figures["sfmtl_graph"]["graph_s"] > 0
     assert "engine / bare" in result.output and "speed-up" in result.output and figures["machine"]["torch"]

@@ -124,7 +124,8 @@ def test_mas_matches_the_local_engine_in_flower_sim(tmp_path):
 
 
 def test_bench_times_flowers_simulation_against_the_local_engine(tmp_path):
-    done = run_in_netns("bench", "--rounds", "1", "--matu-d", "1000", "--out", str(tmp_path / "bench.json"))
+    done = run_in_netns("bench", "--rounds", "1", "--matu-d", "1000", "--sfmtl-clients", "20",
+                        "--out", str(tmp_path / "bench.json"))
     assert done.returncode == 0, done.stderr[-3000:]
     sim = json.loads((tmp_path / "bench.json").read_text())["flower_simulation"]
     assert sim["clients"] == 30

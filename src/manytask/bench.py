@@ -229,15 +229,35 @@ def matu_server_step(d: int = 10_000_000, tasks: int = 30) -> dict[str, float]:
     return {"d": d, "tasks": tasks, "server_step_s": step, "one_pass_s": one_pass, "ratio": step / one_pass}
 
 
+def sfmtl_graph(clients: int = 1000, features: int = 64, classes: int = 10) -> dict[str, float]:
+    """SFMTL-Graph's server step at `clients` participants: the similarity graph over every pair (heads on anchors,
+    anchor cosines) and Louvain communities on it, each timed."""
+    from manytask.methods.manytask.sfmtl_math import communities, similarity_graph
+
+    generator = torch.Generator().manual_seed(0)
+    heads = [(torch.randn(classes, features, generator=generator), torch.randn(classes, generator=generator))
+             for _ in range(clients)]
+    anchors = [torch.randn(classes, features, generator=generator) for _ in range(clients)]
+    labels = [sorted(torch.randperm(classes, generator=generator)[:2].tolist()) for _ in range(clients)]
+    began = time.perf_counter()
+    weights = similarity_graph(heads, anchors, labels)
+    graph = time.perf_counter() - began
+    began = time.perf_counter()
+    communities(weights, seed=0)
+    return {"clients": clients, "graph_s": graph, "louvain_s": time.perf_counter() - began}
+
+
 def flower_installed() -> bool:
     return importlib.util.find_spec("flwr") is not None
 
 
-def run_bench(out: Path, rounds: int = 5, flower: bool = True, matu_d: int = 10_000_000) -> dict[str, Any]:
+def run_bench(
+    out: Path, rounds: int = 5, flower: bool = True, matu_d: int = 10_000_000, sfmtl_clients: int = 1000
+) -> dict[str, Any]:
     """Every ratio, printed by the caller and written to `out` as JSON; Flower's only where it is installed."""
     results = {"machine": machine(), "engine_overhead": engine_overhead(rounds=rounds),
                "parallel_clients": parallel_speedup(rounds=rounds), "peak_memory": peak_memory(),
-               "matu_server_step": matu_server_step(d=matu_d)}
+               "matu_server_step": matu_server_step(d=matu_d), "sfmtl_graph": sfmtl_graph(clients=sfmtl_clients)}
     if flower and flower_installed():
         results["flower_simulation"] = flower_ratio(rounds=rounds)
     out.write_text(json.dumps(results, indent=2))

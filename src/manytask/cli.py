@@ -101,15 +101,17 @@ def bench(
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="timed rounds per measurement")] = 5,
     flower: Annotated[bool, typer.Option("--flower/--no-flower", help="also time Flower's simulation")] = True,
     matu_d: Annotated[int, typer.Option("--matu-d", min=1, help="entries of MaTU's unified vector")] = 10_000_000,
+    sfmtl_clients: Annotated[int, typer.Option("--sfmtl-clients", min=2, help="SFMTL-Graph's participants")] = 1000,
 ) -> None:
     """Measure the speed ratios on this machine, side by side (docs/performance.md): the local engine against a
     bare PyTorch loop doing the same SGD steps, at 30 and 100 clients; two worker processes against one; peak
-    memory at 1 000 and 10 000 clients; Flower's simulation against the local engine (when Flower is installed)."""
+    memory at 1 000 and 10 000 clients; MaTU's and SFMTL-Graph's server steps; Flower's simulation against the local
+    engine (when Flower is installed)."""
     from manytask.bench import run_bench
     from manytask.report import rich_table
 
     def body() -> None:
-        results = run_bench(out, rounds, flower, matu_d)
+        results = run_bench(out, rounds, flower, matu_d, sfmtl_clients)
         rows = [[str(r["clients"]), f"{r['engine_s_per_round']:.4f}", f"{r['bare_s_per_round']:.4f}",
                  f"{r['ratio']:.2f}"] for r in results["engine_overhead"]]
         headers = ["clients", "local engine s/round", "bare loop s/round", "engine / bare"]
@@ -131,6 +133,11 @@ def bench(
             [[f"{matu['d']:,}", str(matu["tasks"]), f"{matu['server_step_s']:.2f}", f"{matu['one_pass_s']:.3f}",
               f"{matu['ratio']:.0f}"]],
             "MaTU's server step against one pass over its uploads' memory"))
+        graph = results["sfmtl_graph"]
+        out_console.print(rich_table(
+            ["clients", "similarity graph s", "Louvain s"],
+            [[str(graph["clients"]), f"{graph['graph_s']:.2f}", f"{graph['louvain_s']:.2f}"]],
+            "SFMTL-Graph's server step"))
         if "flower_simulation" in results:
             sim = results["flower_simulation"]
             out_console.print(rich_table(
