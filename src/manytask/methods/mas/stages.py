@@ -15,6 +15,7 @@ model that served the task, else the untrained initial model. At the end every t
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -92,9 +93,9 @@ class StagedServer(HostServer):
     params: StagedParams
 
     @classmethod
+    @abstractmethod
     def build_phases(cls, setup: Setup, params: StagedParams) -> list[Phase]:
         """The stages' names and lengths, fixed before the run (what a split decides is only their tasks)."""
-        raise NotImplementedError
 
     @classmethod
     def total_rounds(cls, setup: Setup, params: StagedParams) -> int:
@@ -110,9 +111,9 @@ class StagedServer(HostServer):
         self.step = self.phases.at(0)
 
     # --- what a method decides -------------------------------------------------------------------------------
+    @abstractmethod
     def stage(self, index: int) -> Stage:
         """Stage `index` (its tasks may depend on the split, which is made before it starts)."""
-        raise NotImplementedError
 
     def measure_every(self, step: PhaseStep, round_index: int) -> int:
         """Local batches between affinity measurements in this round (0: none)."""
