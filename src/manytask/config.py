@@ -67,6 +67,11 @@ class RunConfig(Params):
     threads: int = Field(default=1, ge=1, description="torch intra-op threads; small models are fastest on 1")
     workers: int = Field(default=1, ge=1, description="processes training a round's clients in parallel (local "
                          "engine); the numbers do not depend on it")
+    execution: Literal["sequential", "vectorized"] = Field(
+        default="sequential", description="local engine: clients one after another, or a round's clients trained as "
+        "one batched computation (equal within float tolerance; methods that cannot fall back with a notice)",
+    )
+    vector_clients: int = Field(default=256, ge=1, description="execution=vectorized: clients per batched computation")
     power_watts: float = Field(
         15.0, gt=0, description="power of one busy client process for energy estimates (W): a laptop CPU core"
     )

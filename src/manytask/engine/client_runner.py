@@ -5,15 +5,18 @@ The local engine calls it in-process; Flower's ClientApp calls it on a SuperNode
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
 
 from manytask.client.trainer import TaskData
+from manytask.client.vectorized import NotVectorizable
 from manytask.experiment import Experiment
-from manytask.messages import decode, encode
+from manytask.messages import Message, decode, encode
 from manytask.methods.base import ClientContext, Metrics
 from manytask.seeding import derive_seed, seed_global_rng
 
@@ -27,6 +30,7 @@ class ClientRunner:
         torch.set_num_threads(experiment.config.threads)  # this may be a fresh process (a Flower ClientApp)
         self.program = experiment.client_program()
         self._data: OrderedDict[int, TaskData] = OrderedDict()  # the most recently asked-for clients' data
+        self.notices: set[str] = set()  # why clients could not be vectorized, each told once
 
     def fit(
         self, client: int, round_index: int, payload: bytes | None, state: ClientState
@@ -37,15 +41,38 @@ class ClientRunner:
         seed = derive_seed(self.exp.config.seed, "client", round_index, client)
         ctx = self._context(client, round_index, state, seed)
         began = time.perf_counter()
-        reply = self.program.fit(ctx, None if payload is None else decode(payload))
+        reply = self.program.fit(ctx, _decoded(payload))
         seconds = time.perf_counter() - began
         return (None if reply is None else encode(reply)), seconds
+
+    def fit_many(
+        self, clients: list[int], round_index: int, payloads: Mapping[int, bytes | None],
+        states: Mapping[int, ClientState],
+    ) -> dict[int, tuple[bytes | None, float]]:
+        """`fit` of every client in `clients`, as one batched computation where the program can (each client is
+        credited an equal share of its seconds), else one after another with a one-line notice per reason."""
+        ctxs = [self._context(c, round_index, states[c], derive_seed(self.exp.config.seed, "client", round_index, c))
+                for c in clients]
+        began = time.perf_counter()
+        try:
+            replies = self.program.fit_many(ctxs, [_decoded(payloads[c]) for c in clients])
+        except NotVectorizable as why:
+            self._notice(str(why))
+            return {c: self.fit(c, round_index, payloads[c], states[c]) for c in clients}
+        seconds = (time.perf_counter() - began) / len(clients)
+        return {c: (None if r is None else encode(r), seconds) for c, r in zip(clients, replies, strict=True)}
+
+    def _notice(self, reason: str) -> None:
+        if reason not in self.notices:
+            self.notices.add(reason)
+            print(f"{self.exp.label}: execution vectorized trains these clients one after another: {reason}",
+                  file=sys.stderr)
 
     def evaluate(self, client: int, payload: bytes | None, state: ClientState) -> Metrics:
         """The client's own model on the test sets of the tasks it holds."""
         ctx = self._context(client, self.exp.total_rounds, state, derive_seed(self.exp.config.seed, "eval", client))
         test = self.exp.test_data(self.exp.federation.tasks_of(client))
-        return self.program.evaluate(ctx, None if payload is None else decode(payload), test)
+        return self.program.evaluate(ctx, _decoded(payload), test)
 
     def _context(self, client: int, round_index: int, state: ClientState, seed: int) -> ClientContext:
         seed_global_rng(seed)  # programs that draw from torch's global RNG stay reproducible too
@@ -56,3 +83,7 @@ class ClientRunner:
         if len(self._data) > CACHED_CLIENTS:
             self._data.pop(next(iter(self._data)))
         return ClientContext(client, round_index, data, state, seed)
+
+
+def _decoded(payload: bytes | None) -> Message | None:
+    return None if payload is None else decode(payload)

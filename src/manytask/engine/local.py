@@ -1,4 +1,5 @@
-"""The local engine: the in-process simulation. Clients run one after another in this process; every message is
+"""The local engine: the in-process simulation. Clients run one after another in this process (or, with
+`execution: vectorized`, a round's clients as one batched computation: `client/vectorized.py`); every message is
 still serialized (so bytes are measured and programs cannot share memory), and client states are checkpointed
 with the server's, so a stopped run resumes exactly."""
 
@@ -12,18 +13,25 @@ from manytask.rundir import RunDir
 
 
 class InProcessTransport:
-    def __init__(self, runner: ClientRunner) -> None:
+    def __init__(self, runner: ClientRunner, vector_clients: int | None = None) -> None:
         self.runner = runner
+        self.vector_clients = vector_clients  # None: one client after another; else clients per batched computation
         self.states: dict[int, ClientState] = {}
 
     def fit(self, round_index: int, payloads: Payloads, simulated_drops: set[int]) -> FitOutcome:
         outcome = FitOutcome()
-        for client, payload in payloads.items():
-            if client in simulated_drops:
-                outcome.failures[client] = "simulated dropout"
-                continue
-            state = self.states.setdefault(client, {})
-            outcome.replies[client], outcome.seconds[client] = self.runner.fit(client, round_index, payload, state)
+        outcome.failures.update({c: "simulated dropout" for c in payloads if c in simulated_drops})
+        clients = [c for c in payloads if c not in simulated_drops]
+        states = {c: self.states.setdefault(c, {}) for c in clients}
+        if self.vector_clients is None:
+            results = {c: self.runner.fit(c, round_index, payloads[c], states[c]) for c in clients}
+        else:
+            results = {}
+            for start in range(0, len(clients), self.vector_clients):
+                chunk = clients[start : start + self.vector_clients]
+                results.update(self.runner.fit_many(chunk, round_index, payloads, states))
+        for client, (reply, seconds) in results.items():
+            outcome.replies[client], outcome.seconds[client] = reply, seconds
         return outcome
 
     def evaluate(self, payloads: Payloads) -> dict[int, Metrics]:
@@ -38,4 +46,6 @@ class InProcessTransport:
 
 def local_engine(experiment: Experiment, run_dir: RunDir, observer: RoundObserver | None = None) -> RoundLoop:
     """The round loop with clients run in-process."""
-    return RoundLoop(experiment, run_dir, InProcessTransport(ClientRunner(experiment)), observer)
+    config = experiment.config
+    vector_clients = config.vector_clients if config.execution == "vectorized" else None
+    return RoundLoop(experiment, run_dir, InProcessTransport(ClientRunner(experiment), vector_clients), observer)

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 from torch import Tensor
 
 from manytask.client.trainer import TaskData, TrainConfig, Trainer, evaluate
+from manytask.client.vectorized import NotVectorizable
 from manytask.messages import Message
 from manytask.models.adapters import LoraParams, add_lora
 from manytask.models.multitask import MultiTaskModel, build_model, to_role, trainable_state
@@ -85,6 +86,12 @@ class ClientProgram(ABC, Generic[P]):
     @abstractmethod
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message | None:
         """Train on the client's data; return what is uploaded (None: nothing)."""
+
+    def fit_many(self, ctxs: list[ClientContext], payloads: list[Message | None]) -> list[Message | None]:
+        """`fit` of several clients of one round as one batched computation (`execution: vectorized`), the replies
+        in the same order. Raises `NotVectorizable`, before changing anything, where the program cannot; the engine
+        then calls `fit` client by client."""
+        raise NotVectorizable(f"{type(self).__name__} trains with a loop of its own")
 
     def evaluate(self, ctx: ClientContext, payload: Message | None, test: TaskData) -> Metrics:
         """Client-side evaluation of the client's own model on the test sets of the tasks it holds."""

@@ -15,13 +15,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from pydantic import Field
 from torch import Tensor, nn
 
 from manytask.client.optimizers import OptimizerFactory
-from manytask.client.trainer import LossCombiner, TaskData, Trainer, TrainHook, evaluate, sum_of_task_losses
+from manytask.client.trainer import (
+    LossCombiner,
+    ParameterTerm,
+    TaskData,
+    Trainer,
+    TrainHook,
+    TrainReport,
+    evaluate,
+    sum_of_task_losses,
+)
+from manytask.client.vectorized import ClientJob, NotVectorizable, train_vectorized
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
@@ -176,9 +187,72 @@ class HostClient(HostModel, ClientProgram[HostParams]):
                 copy.module, {t: ctx.data[t] for t in copy.tasks}, copy.seed, round_index, rounds,
                 hooks=self.hooks(ctx, copy), optimizer=self.optimizer(ctx, copy), combine=self.combine(ctx, copy),
             )
-            scalars.update({LOSS_PREFIX + t: loss for t, loss in report.mean_loss.items()})
-            scalars.update(self.finish(ctx, copy))
-            tensors.update(self.upload(ctx, copy))
+            self.conclude(ctx, copy, report, tensors, scalars)
+        return self.reply(ctx, tensors, scalars)
+
+    def fit_many(self, ctxs: list[ClientContext], payloads: list[Message | None]) -> list[Message | None]:
+        """The round's clients trained as one batched computation (`client/vectorized.py`), each then concluded
+        and uploaded exactly as `fit` does."""
+        trainer, (round_index, rounds) = self.trainer(ctxs[0]), self.schedule(ctxs[0])
+        self._check_vectorizable(trainer)
+        received = [self.received(ctx, payload) for ctx, payload in zip(ctxs, payloads, strict=True)]
+        jobs = [self._job(ctx, sent) for ctx, sent in zip(ctxs, received, strict=True)]
+        results = train_vectorized(self.template, trainer, jobs, round_index, rounds)
+        replies: list[Message | None] = []
+        for ctx, sent, result in zip(ctxs, received, results, strict=True):
+            copy = self.trained_copy(ctx, sent, result.params)
+            tensors: dict[str, Tensor] = {}
+            scalars = fit_scalars(ctx.data, {})
+            self.conclude(ctx, copy, result.report, tensors, scalars)
+            replies.append(self.reply(ctx, tensors, scalars))
+        return replies
+
+    def trained_copy(self, ctx: ClientContext, received: dict[str, Tensor], trained: dict[str, Tensor]) -> TrainedCopy:
+        """The joint copy holding `trained`: a model in its initial state with every trainable parameter set is what
+        `start` and training would leave (a vectorizable model has no buffers, and frozen weights never move)."""
+        model, module = self.models.take(ctx)
+        load_state(model, trained)
+        return TrainedCopy(None, list(ctx.data), model, module, received, ctx.seed)
+
+    @cached_property
+    def template(self) -> nn.Module:
+        """A model that gives vectorized training its structure (its values are never used)."""
+        return self.build_model()[0]
+
+    def _check_vectorizable(self, trainer: Trainer) -> None:
+        if type(self).fit is not HostClient.fit:
+            raise NotVectorizable(f"{type(self).__name__} trains its clients in a fit of its own")
+        if type(trainer).train is not Trainer.train:
+            raise NotVectorizable(f"{type(self).__name__} trains with a trainer of its own")
+        if self.params.per_task:
+            raise NotVectorizable("per_task trains one copy per held task")
+
+    def _job(self, ctx: ClientContext, received: dict[str, Tensor]) -> ClientJob:
+        """One client's vectorized job, or `NotVectorizable` when its training needs more than the plain loop."""
+        copy = self.start(ctx, received, list(ctx.data))
+        if copy.module is not copy.model:
+            raise NotVectorizable(f"{type(self).__name__} trains its model through a wrapper (a linearization)")
+        if self.optimizer(ctx, copy) is not None:
+            raise NotVectorizable(f"{type(self).__name__} brings an optimizer of its own")
+        if self.combine(ctx, copy) is not sum_of_task_losses:
+            raise NotVectorizable(f"{type(self).__name__} combines task losses its own way")
+        hooks = self.hooks(ctx, copy)
+        acting = [type(h).__name__ for h in hooks if not isinstance(h, ParameterTerm)]
+        if acting:
+            raise NotVectorizable(f"hook {acting[0]} acts inside the training step")
+        start = {n: p.detach().clone() for n, p in copy.model.named_parameters() if p.requires_grad}
+        return ClientJob(dict(ctx.data), start, copy.seed, [h for h in hooks if isinstance(h, ParameterTerm)])
+
+    def conclude(
+        self, ctx: ClientContext, copy: TrainedCopy, report: TrainReport, tensors: dict[str, Tensor],
+        scalars: dict[str, float],
+    ) -> None:
+        """After a copy is trained: its losses and `finish` scalars into `scalars`, its upload into `tensors`."""
+        scalars.update({LOSS_PREFIX + t: loss for t, loss in report.mean_loss.items()})
+        scalars.update(self.finish(ctx, copy))
+        tensors.update(self.upload(ctx, copy))
+
+    def reply(self, ctx: ClientContext, tensors: dict[str, Tensor], scalars: dict[str, float]) -> Message:
         return Message.from_tensors(to_role(tensors, *ctx.data) if self.params.shared_head else tensors,
                                     scalars=scalars)
 

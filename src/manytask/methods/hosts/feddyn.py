@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from manytask.client.trainer import StepContext, TrainHook
+from manytask.client.trainer import ParameterTerm, StepContext, TrainHook
 from manytask.methods.base import ClientContext, MethodDef, Setup
 from manytask.methods.common.aggregation import Weight, weighted_average
 from manytask.methods.common.updates import Update, is_parameter
@@ -65,15 +65,20 @@ def dynamic_server_step(
     return new_theta, new_h
 
 
-class LinearTermHook(TrainHook):
+class LinearTermHook(ParameterTerm):
     """Adds −⟨g, θ⟩ over the parameters `gradients` holds."""
 
     def __init__(self, params: Mapping[str, Tensor], gradients: Mapping[str, Tensor]) -> None:
         self.params = dict(params)
-        self.gradients = dict(gradients)
+        self.gradients = self.operands = dict(gradients)
 
     def loss(self, step: StepContext) -> Tensor | None:
         return linear_term(self.params, self.gradients)
+
+    def batched_loss(
+        self, params: Mapping[str, Tensor], operands: Mapping[str, Tensor], present: Mapping[str, Tensor]
+    ) -> Tensor:
+        return linear_term(params, {k: g * present[k] for k, g in operands.items()})
 
 
 class FedDynClient(HostClient):

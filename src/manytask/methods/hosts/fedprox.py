@@ -9,7 +9,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from manytask.client.trainer import StepContext, TrainHook
+from manytask.client.trainer import ParameterTerm, StepContext, TrainHook
 from manytask.methods.base import ClientContext, MethodDef
 from manytask.methods.hosts.base import TrainedCopy
 from manytask.methods.hosts.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
@@ -28,17 +28,25 @@ def proximal_term(params: Mapping[str, Tensor], anchor: Mapping[str, Tensor], mu
     return 0.5 * mu * total
 
 
-class ProximalHook(TrainHook):
+class ProximalHook(ParameterTerm):
     """(μ/2)·‖θ − θ_anchor‖² over the parameters (by state-dict name, as trained: a linearized model trains the same
     tensors under other names) that the anchor holds."""
 
     def __init__(self, params: Mapping[str, Tensor], anchor: Mapping[str, Tensor], mu: float) -> None:
         self.params = dict(params)
-        self.anchor = {k: v.detach().clone() for k, v in anchor.items() if k in self.params}
+        self.anchor = self.operands = {k: v.detach().clone() for k, v in anchor.items() if k in self.params}
         self.mu = mu
 
     def loss(self, step: StepContext) -> Tensor | None:
         return None if self.mu == 0 else proximal_term(self.params, self.anchor, self.mu)
+
+    def batched_loss(
+        self, params: Mapping[str, Tensor], operands: Mapping[str, Tensor], present: Mapping[str, Tensor]
+    ) -> Tensor:
+        total = torch.zeros(())
+        for name, anchor in operands.items():
+            total = total + ((params[name] - anchor).pow(2) * present[name]).sum()
+        return 0.5 * self.mu * total
 
 
 class FedProxClient(FedAvgClient):

@@ -36,6 +36,12 @@ class PluginClient(ClientProgram[P], Generic[P]):
         reply = self.host.fit(ctx, payload)
         return None if reply is None or payload is None else self.transform_reply(ctx, payload, reply)
 
+    def fit_many(self, ctxs: list[ClientContext], payloads: list[Message | None]) -> list[Message | None]:
+        """The host's vectorized fit, each reply then transformed as `fit` does."""
+        replies = self.host.fit_many(ctxs, payloads)
+        return [None if reply is None or payload is None else self.transform_reply(ctx, payload, reply)
+                for ctx, payload, reply in zip(ctxs, payloads, replies, strict=True)]
+
     def transform_reply(self, ctx: ClientContext, payload: Message, reply: Message) -> Message:
         """What is uploaded instead of the host's reply (default: the reply)."""
         return reply

@@ -1,0 +1,344 @@
+"""Vectorized clients (`execution: vectorized`): the clients of a round trained as one batched computation.
+
+Every trainable parameter is stacked over clients, (C, ...). A local step runs each task's forward pass for all
+clients at once (`torch.func.functional_call` under `vmap`), on padded batches whose per-sample weights make each
+client's task loss its own batch mean (1/n on its n real samples, 0 on padding and on tasks it does not hold). One
+backward pass of the sum over clients gives every client its own gradients, because the slices are independent.
+The SGD step (momentum, weight decay, as `torch.optim.SGD`) is applied per slice under a mask: a client whose own
+steps are done, or a parameter it does not train (the head of a task it does not hold), keeps its values. So each
+client takes exactly its own steps on exactly its own batches, drawn from the same seeded streams as the sequential
+trainer's.
+
+The result equals sequential training up to float rounding: sums over a batch run in another order. With float32
+MLPs the trained parameters agree to `TOLERANCE` (tests/test_vectorized.py measures it).
+
+What vectorizes: models without buffers (no batch-norm statistics) and without dropout, classification and
+regression tasks, the config's SGD without gradient clipping, the default sum of task losses, and hooks that are
+`ParameterTerm`s (FedProx's proximal term, FedDyn's linear term). Anything else raises `NotVectorizable` with the
+reason, and the engine trains those clients one after another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+from torch.nn.utils.rnn import pad_sequence
+
+from manytask.client.trainer import ParameterTerm, TaskData, Trainer, TrainReport, shares_inputs, shuffled_indices
+from manytask.models.multitask import task_of_key
+from manytask.tasks.task import TaskKind, TaskSpec
+
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # vectorized vs sequential trained parameters (float32)
+
+
+class NotVectorizable(Exception):
+    """Raised before anything changes when a round's clients cannot train as one batched computation; the message
+    says why, and the engine trains them one after another instead."""
+
+
+@dataclass
+class ClientJob:
+    """One client's local training in a vectorized round."""
+
+    data: TaskData  # task -> (x, y) of the tasks it trains, in the order it holds them
+    start: dict[str, Tensor]  # its initial value of every trainable parameter
+    seed: int
+    terms: list[ParameterTerm] = field(default_factory=list)
+
+
+@dataclass
+class JobResult:
+    params: dict[str, Tensor]  # the trained value of every trainable parameter
+    report: TrainReport
+
+
+def check_model(model: nn.Module) -> None:
+    """Raise `NotVectorizable` for a model whose forward pass a batched computation cannot reproduce per client."""
+    if any(True for _ in model.buffers()):
+        raise NotVectorizable("the model has buffers (batch-norm statistics), which each client updates on its own")
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        raise NotVectorizable("the model uses dropout, whose random masks follow one client's generator")
+
+
+def check_trainer(trainer: Trainer, specs: Mapping[str, TaskSpec]) -> None:
+    config = trainer.config
+    if config.optimizer != "sgd":
+        raise NotVectorizable(f"optimizer '{config.optimizer}' has no vectorized step (sgd has)")
+    if config.grad_clip is not None:
+        raise NotVectorizable("gradient clipping is per client")
+    dense = [name for name, spec in specs.items() if spec.kind not in SAMPLE_LOSSES]
+    if dense:
+        raise NotVectorizable(f"tasks {dense} have no per-sample loss (dense tasks)")
+
+
+def train_vectorized(
+    template: nn.Module, trainer: Trainer, jobs: Sequence[ClientJob], round_index: int, total_rounds: int,
+) -> list[JobResult]:
+    """Train every job from its `start` as `trainer.train` would, all in one batched computation; `template` only
+    gives the model's structure (its values of the trained parameters are never used, nor changed).
+
+    Clients are ordered by their number of steps, most first, so the clients still training at any step are a
+    prefix of the stack: each step differentiates and updates views of that prefix only."""
+    check_model(template)
+    check_trainer(trainer, {t: trainer.specs[t] for job in jobs for t in job.data})
+    names = list(jobs[0].start)
+    if any(list(job.start) != names for job in jobs):
+        raise NotVectorizable("clients of the round train different parameters")
+    own_steps = [trainer.num_steps(job.data) for job in jobs]
+    order = sorted(range(len(jobs)), key=lambda c: -own_steps[c])
+    jobs = [jobs[c] for c in order]
+    steps = [own_steps[c] for c in order]
+    params = {n: torch.stack([job.start[n] for job in jobs]) for n in names}
+    trains = {n: _trains_mask(n, jobs, params[n]) for n in names}
+    plans = _batch_plans(trainer, jobs, steps)
+    terms = _stacked_terms(jobs, params)
+    config = trainer.config
+    lr = config.lr_at(round_index, total_rounds)
+    buffers: dict[str, Tensor] = {}
+    totals = {task: torch.zeros(len(jobs), dtype=torch.float64) for task in plans}
+    for step in range(steps[0]):
+        active = sum(count > step for count in steps)
+        live = {n: p[:active].detach().requires_grad_() for n, p in params.items()}  # views of the prefix
+        losses = step_losses(template, plans, live, step)
+        loss = torch.stack([task_loss.sum() for _, task_loss in losses.values()]).sum()
+        for term in terms:
+            loss = loss + term(live, active)
+        grads = torch.autograd.grad(loss, [live[n] for n in names], allow_unused=True, materialize_grads=True)
+        with torch.no_grad():
+            for task, (rows, task_loss) in losses.items():
+                totals[task].index_add_(0, rows, task_loss.detach().double())
+            for name, grad in zip(names, grads, strict=True):
+                mask = None if trains[name] is None else trains[name][:active]
+                _sgd_step(live[name], grad, buffers, name, mask, config.momentum, config.weight_decay, lr)
+    return _results(jobs, order, params, totals, steps)
+
+
+def _results(jobs: Sequence[ClientJob], order: list[int], params: Mapping[str, Tensor],
+             totals: Mapping[str, Tensor], steps: list[int]) -> list[JobResult]:
+    """Each client's trained parameters (views of the stack, which changes no more) and report, in the callers'
+    order."""
+    per_client = {n: p.unbind(0) for n, p in params.items()}
+    mean = {task: total.tolist() for task, total in totals.items()}
+    results: list[JobResult | None] = [None] * len(jobs)
+    for c, (job, original) in enumerate(zip(jobs, order, strict=True)):
+        losses = {task: mean[task][c] / max(steps[c], 1) for task in job.data}
+        results[original] = JobResult({n: rows[c] for n, rows in per_client.items()}, TrainReport(steps[c], losses))
+    return results  # type: ignore[return-value]
+
+
+def _sgd_step(param: Tensor, grad: Tensor, buffers: dict[str, Tensor], name: str, mask: Tensor | None,
+              momentum: float, weight_decay: float, lr: float) -> None:
+    """`torch.optim.SGD`'s update (no dampening, no Nesterov) on the training prefix of the stack, in place, moving
+    only the clients where `mask` is 1 (all where it is None). The momentum buffers hold every client; the prefix
+    only shrinks, so each client's buffer is its own from its first step."""
+    if weight_decay:
+        grad = grad.add(param, alpha=weight_decay)
+    if momentum:
+        if name not in buffers:
+            buffers[name] = grad.clone()
+        else:
+            buffers[name][: len(grad)].mul_(momentum).add_(grad)
+        grad = buffers[name][: len(grad)]
+    param.add_(grad if mask is None else grad * mask, alpha=-lr)
+
+
+def _broadcast(per_client: Tensor, like: Tensor) -> Tensor:
+    return per_client.view(-1, *([1] * (like.dim() - 1)))
+
+
+def _trains_mask(name: str, jobs: Sequence[ClientJob], like: Tensor) -> Tensor | None:
+    """1 for the clients that train `name`, a head only its task's holders; None for a shared parameter (all)."""
+    task = task_of_key(name)
+    if task is None:
+        return None
+    return _broadcast(torch.tensor([task in job.data for job in jobs], dtype=like.dtype), like)
+
+
+Term = Callable[[Mapping[str, Tensor], int], Tensor]
+
+
+def _stacked_terms(jobs: Sequence[ClientJob], params: Mapping[str, Tensor]) -> list[Term]:
+    """Each hook position's parameter terms over all clients, as one function of (the stack's training prefix, its
+    length) per position."""
+    kinds = {tuple(type(term) for term in job.terms) for job in jobs}
+    if len(kinds) > 1:
+        raise NotVectorizable("clients of the round have different training hooks")
+    closures = []
+    for position in range(len(jobs[0].terms)):
+        per_client = [job.terms[position] for job in jobs]
+        keys = list(dict.fromkeys(k for term in per_client for k in term.operands))
+        unknown = [k for k in keys if k not in params]
+        if unknown:
+            raise NotVectorizable(f"a hook's term covers parameters that are not trained ({unknown[:2]})")
+        operands = {k: torch.stack([t.operands.get(k, torch.zeros_like(params[k][0])) for t in per_client])
+                    for k in keys}
+        present = {k: _broadcast(torch.tensor([k in t.operands for t in per_client], dtype=params[k].dtype),
+                                 params[k]) for k in keys}
+        closures.append(_closure(per_client[0], operands, present))
+    return closures
+
+
+def _closure(term: ParameterTerm, operands: dict[str, Tensor], present: dict[str, Tensor]) -> Term:
+    def evaluate(live: Mapping[str, Tensor], active: int) -> Tensor:
+        return term.batched_loss(live, {k: v[:active] for k, v in operands.items()},
+                                 {k: v[:active] for k, v in present.items()})
+
+    return evaluate
+
+
+def _cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
+    return nn.functional.cross_entropy(outputs, targets, reduction="none")
+
+
+def _squared_error(outputs: Tensor, targets: Tensor) -> Tensor:
+    return (outputs - targets.view_as(outputs)).pow(2).flatten(1).mean(1)
+
+
+# per-sample losses whose batch mean is `TaskSpec.loss`
+SAMPLE_LOSSES: dict[TaskKind, Callable[[Tensor, Tensor], Tensor]] = {
+    TaskKind.CLASSIFICATION: _cross_entropy, TaskKind.REGRESSION: _squared_error,
+}
+
+
+class TaskPlan:
+    """One task's batches: per step, the clients that take a batch of this task (they hold it and have steps left),
+    their indices into the task's data of all clients concatenated, (rows, batch), and per-sample weights (1/n on a
+    client's n real samples, 0 on padding). Only those clients run the task's forward pass, so the batched work is
+    the sequential work plus padding."""
+
+    def __init__(self, task: str, spec: TaskSpec, x: Tensor, y: Tensor, steps: int, batch: int) -> None:
+        self.task, self.x, self.y, self.batch = task, x, y, batch
+        self.sample_loss = SAMPLE_LOSSES[spec.kind]
+        self.placed: list[list[tuple[int, Tensor]]] = [[] for _ in range(steps)]  # step -> [(client, indices)]
+
+    def place(self, step: int, client: int, chosen: Tensor, offset: int) -> None:
+        self.placed[step].append((client, chosen + offset))
+
+    def finish(self) -> None:
+        """Stack each step's placed batches into rows, (rows,), indices and weights, (rows, batch)."""
+        self.steps = [self._stacked(placed) for placed in self.placed]
+
+    def _stacked(self, placed: list[tuple[int, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+        rows = torch.tensor([client for client, _ in placed], dtype=torch.long)
+        if not placed:
+            return rows, torch.zeros(0, self.batch, dtype=torch.long), torch.zeros(0, self.batch)
+        index = pad_sequence([chosen for _, chosen in placed], batch_first=True)
+        index = nn.functional.pad(index, (0, self.batch - index.shape[1]))
+        counts = torch.tensor([len(chosen) for _, chosen in placed])
+        dtype = self.x.dtype if self.x.is_floating_point() else torch.get_default_dtype()
+        weight = (torch.arange(self.batch) < counts[:, None]).to(dtype) / counts[:, None].to(dtype)
+        return rows, index, weight
+
+    def live(self, step: int) -> bool:
+        return len(self.steps[step][0]) > 0
+
+    def losses(self, template: nn.Module, params: Mapping[str, Tensor], step: int) -> tuple[Tensor, Tensor]:
+        """(the clients that take a batch of this task at `step`, each one's mean loss on it), the forward pass
+        through `functional_call` under `vmap`."""
+        rows, index, _ = self.steps[step]
+        used = {k: p.index_select(0, rows) for k, p in params.items() if task_of_key(k) in (None, self.task)}
+
+        def one(client_params: dict[str, Tensor], client_x: Tensor) -> Tensor:
+            return functional_call(template, client_params, (client_x, self.task), strict=False)
+
+        return rows, self.mean_losses(vmap(one)(used, self.x[index]), step)
+
+    def mean_losses(self, outputs: Tensor, step: int) -> Tensor:
+        """Each row's weighted mean loss at `step` from its outputs, (rows, batch, ...)."""
+        _, index, weight = self.steps[step]
+        per_sample = self.sample_loss(outputs.flatten(0, 1), self.y[index].flatten(0, 1)).view(index.shape)
+        return (per_sample * weight).sum(dim=1)
+
+
+def step_losses(
+    template: nn.Module, plans: Mapping[str, TaskPlan], params: Mapping[str, Tensor], step: int
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """Every task's (rows, each row's mean loss) at `step`. When every task's forward pass is a plain chain, the
+    shared layers run once over all tasks' rows (one gather of their parameters, one batched product per layer)
+    and each task's head on its own rows; otherwise each task runs through `vmap`."""
+    live = {task: plan for task, plan in plans.items() if plan.live(step)}
+    chains = {task: plain_chain(template, task) for task in live}
+    if not all(chain is not None and all(k in params for k in _chain_keys(chain)) for chain in chains.values()):
+        return {task: plan.losses(template, params, step) for task, plan in live.items()}
+    rows = [plan.steps[step][0] for plan in live.values()]
+    body = next(iter(chains.values()))[:-1]
+    gathered = torch.cat(rows)
+    x = torch.cat([plan.x[plan.steps[step][1]] for plan in live.values()])
+    features = _run_chain(body, {k: params[k].index_select(0, gathered) for k in _chain_keys(body)}, x)
+    losses = {}
+    for (task, plan), own, task_features in zip(live.items(), rows, features.split([len(r) for r in rows]),
+                                                strict=True):
+        head = chains[task][-1:]
+        outputs = _run_chain(head, {k: params[k].index_select(0, own) for k in _chain_keys(head)}, task_features)
+        losses[task] = (own, plan.mean_losses(outputs, step))
+    return losses
+
+
+Chain = list[tuple[str, nn.Module]]
+
+
+def plain_chain(template: nn.Module, task: str) -> Chain | None:
+    """A task's forward pass as (parameter prefix, layer) steps when it is a chain of linear, ReLU and flatten
+    layers (an MLP backbone and a linear head), which run as batched matrix products without `vmap`'s tracing."""
+    from manytask.models.backbones import MLP
+    from manytask.models.multitask import MultiTaskModel
+
+    if not isinstance(template, MultiTaskModel) or type(template.backbone) is not MLP or task in template.dense:
+        return None
+    chain = [(f"backbone.layers.{name}", m) for name, m in template.backbone.layers.named_children()]
+    chain.append((f"heads.{task}", template.heads[task]))
+    return chain if all(isinstance(m, nn.Linear | nn.ReLU | nn.Flatten) for _, m in chain) else None
+
+
+def _chain_keys(chain: Chain) -> list[str]:
+    return [f"{prefix}.{name}" for prefix, m in chain if isinstance(m, nn.Linear) for name, _ in m.named_parameters()]
+
+
+def _run_chain(chain: Chain, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+    """`chain` on stacked inputs (clients, batch, ...) with stacked parameters (clients, ...)."""
+    for prefix, layer in chain:
+        if isinstance(layer, nn.Linear):
+            weight = params[f"{prefix}.weight"].transpose(1, 2)
+            bias = params.get(f"{prefix}.bias")
+            x = torch.bmm(x, weight) if bias is None else torch.baddbmm(bias.unsqueeze(1), x, weight)
+        elif isinstance(layer, nn.ReLU):
+            x = torch.relu(x)
+        else:  # Flatten, shifted by the clients' dimension
+            x = x.flatten(layer.start_dim + 1, layer.end_dim if layer.end_dim < 0 else layer.end_dim + 1)
+    return x
+
+
+def _batch_plans(trainer: Trainer, jobs: Sequence[ClientJob], steps: list[int]) -> dict[str, TaskPlan]:
+    """Each task's plan, filled from the same seeded streams `Trainer.train` draws (one shared stream of indices
+    when a client's tasks label the same inputs)."""
+    batch = trainer.config.batch_size
+    tasks = list(dict.fromkeys(t for job in jobs for t in job.data))
+    offsets: list[dict[str, int]] = [{} for _ in jobs]
+    plans = {}
+    for task in tasks:
+        holders = [c for c, job in enumerate(jobs) if task in job.data]
+        sizes = [len(jobs[c].data[task][1]) for c in holders]
+        for c, start in zip(holders, torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist(), strict=True):
+            offsets[c][task] = start
+        x = torch.cat([jobs[c].data[task][0] for c in holders])
+        y = torch.cat([jobs[c].data[task][1] for c in holders])
+        plans[task] = TaskPlan(task, trainer.specs[task], x, y, max(steps), batch)
+    for c, (job, own) in enumerate(zip(jobs, steps, strict=True)):
+        if shares_inputs(job.data):
+            stream = shuffled_indices(len(next(iter(job.data.values()))[1]), batch, job.seed, "shared")
+            for step in range(own):
+                chosen = next(stream)
+                for task in job.data:
+                    plans[task].place(step, c, chosen, offsets[c][task])
+        else:
+            streams = {t: shuffled_indices(len(y), batch, job.seed, t) for t, (_, y) in job.data.items()}
+            for step in range(own):
+                for task, stream in streams.items():
+                    plans[task].place(step, c, next(stream), offsets[c][task])
+    for plan in plans.values():
+        plan.finish()
+    return plans
