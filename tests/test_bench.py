@@ -19,6 +19,7 @@ def test_bench_prints_and_writes_its_ratios(tmp_path):
     for row in figures["engine_overhead"]:
         assert row["ratio"] == pytest.approx(row["engine_s_per_round"] / row["bare_s_per_round"])
         assert row["engine_s_per_round"] > 0 and row["bare_s_per_round"] > 0
+        assert row["vectorized_speedup"] == pytest.approx(row["bare_s_per_round"] / row["vectorized_s_per_round"])
     parallel = figures["parallel_clients"]
     assert parallel["workers"] == 2
     assert parallel["speedup"] == pytest.approx(parallel["one_process_s_per_round"] / parallel["workers_s_per_round"])
@@ -28,4 +29,5 @@ def test_bench_prints_and_writes_its_ratios(tmp_path):
     assert (matu["d"], matu["tasks"]) == (1000, 30) and matu["ratio"] == pytest.approx(
         matu["server_step_s"] / matu["one_pass_s"])
     assert figures["sfmtl_graph"]["clients"] == 20 and figures["sfmtl_graph"]["graph_s"] > 0
-    assert "engine / bare" in result.output and "speed-up" in result.output and figures["machine"]["torch"]
+    assert "engine / bare" in result.output and "bare / vectorized" in result.output
+    assert "speed-up" in result.output and figures["machine"]["torch"]

@@ -130,4 +130,5 @@ def test_bench_times_flowers_simulation_against_the_local_engine(tmp_path):
     sim = json.loads((tmp_path / "bench.json").read_text())["flower_simulation"]
     assert sim["clients"] == 30
     assert sim["ratio"] == pytest.approx(sim["flower_sim_s_per_round"] / sim["local_s_per_round"])
-    assert "Flower / local" in done.stdout
+    assert sim["vectorized_ratio"] == pytest.approx(sim["flower_sim_s_per_round"] / sim["vectorized_s_per_round"])
+    assert "Flower / local" in done.stdout and "Flower / vectorized" in done.stdout

@@ -121,14 +121,21 @@ def bare_round(model: torch.nn.Module, state: dict[str, torch.Tensor], data: dic
     return {**state, **{k: v / weights[k] for k, v in sums.items()}}
 
 
+def vectorized(config: RunConfig) -> RunConfig:
+    return config.model_copy(update={"execution": "vectorized"})
+
+
 def engine_overhead(clients: tuple[int, ...] = (30, 100), rounds: int = 5) -> list[dict[str, float]]:
-    """Local engine vs bare loop, seconds per round and their ratio, per client count (one torch thread)."""
+    """Per client count (one torch thread): seconds per round of the local engine (sequential and vectorized) and
+    of the bare loop; the engine's overhead (engine / bare) and the vectorized speed-up (bare / vectorized)."""
     torch.set_num_threads(1)
     rows = []
     for count in clients:
-        engine, bare = engine_seconds(engine_config(count, rounds + 2), rounds), bare_seconds(count, rounds)
+        config = engine_config(count, rounds + 2)
+        engine, bare = engine_seconds(config, rounds), bare_seconds(count, rounds)
+        batched = engine_seconds(vectorized(config), rounds)
         rows.append({"clients": count, "engine_s_per_round": engine, "bare_s_per_round": bare,
-                     "ratio": engine / bare})
+                     "vectorized_s_per_round": batched, "ratio": engine / bare, "vectorized_speedup": bare / batched})
     return rows
 
 
@@ -155,18 +162,23 @@ def median_round_seconds(run_dir: Path) -> float:
 
 
 def flower_ratio(clients: int = 30, rounds: int = 5) -> dict[str, float]:
-    """Seconds per round of Flower's simulation against the local engine on the engine workload: the median of the
-    round times both record in metrics.jsonl, the first round (start-up) and the last (evaluation) left out."""
+    """Seconds per round of Flower's simulation against the local engine, sequential and vectorized, on the engine
+    workload: the median of the round times each records in metrics.jsonl, the first round (start-up) and the last
+    (evaluation) left out."""
     from manytask.run import run_config
 
     config = engine_config(clients, rounds + 2)
+    runs = {"local": config, "vectorized": vectorized(config), "flower-sim": config.model_copy(update={"engine":
+                                                                                                     "flower-sim"})}
     seconds = {}
     with tempfile.TemporaryDirectory() as folder:
-        for engine in ("local", "flower-sim"):
-            run_config(config.model_copy(update={"engine": engine}), Path(folder) / engine)
-            seconds[engine] = median_round_seconds(Path(folder) / engine)
-    return {"clients": clients, "local_s_per_round": seconds["local"], "flower_sim_s_per_round": seconds["flower-sim"],
-            "ratio": seconds["flower-sim"] / seconds["local"]}
+        for name, run in runs.items():
+            run_config(run, Path(folder) / name)
+            seconds[name] = median_round_seconds(Path(folder) / name)
+    flower = seconds["flower-sim"]
+    return {"clients": clients, "local_s_per_round": seconds["local"], "vectorized_s_per_round": seconds["vectorized"],
+            "flower_sim_s_per_round": flower, "ratio": flower / seconds["local"],
+            "vectorized_ratio": flower / seconds["vectorized"]}
 
 
 def scale_config(clients: int, participation: float, rounds: int = 5) -> dict[str, Any]:

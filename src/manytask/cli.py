@@ -103,18 +103,20 @@ def bench(
     matu_d: Annotated[int, typer.Option("--matu-d", min=1, help="entries of MaTU's unified vector")] = 10_000_000,
     sfmtl_clients: Annotated[int, typer.Option("--sfmtl-clients", min=2, help="SFMTL-Graph's participants")] = 1000,
 ) -> None:
-    """Measure the speed ratios on this machine, side by side (docs/performance.md): the local engine against a
-    bare PyTorch loop doing the same SGD steps, at 30 and 100 clients; two worker processes against one; peak
-    memory at 1 000 and 10 000 clients; MaTU's and SFMTL-Graph's server steps; Flower's simulation against the local
-    engine (when Flower is installed)."""
+    """Measure the speed ratios on this machine, side by side (docs/performance.md): the local engine, sequential
+    and vectorized, against a bare PyTorch loop doing the same SGD steps, at 30 and 100 clients; two worker processes
+    against one; peak memory at 1 000 and 10 000 clients; MaTU's and SFMTL-Graph's server steps; Flower's simulation
+    against the local engine (when Flower is installed)."""
     from manytask.bench import run_bench
     from manytask.report import rich_table
 
     def body() -> None:
         results = run_bench(out, rounds, flower, matu_d, sfmtl_clients)
-        rows = [[str(r["clients"]), f"{r['engine_s_per_round']:.4f}", f"{r['bare_s_per_round']:.4f}",
-                 f"{r['ratio']:.2f}"] for r in results["engine_overhead"]]
-        headers = ["clients", "local engine s/round", "bare loop s/round", "engine / bare"]
+        rows = [[str(r["clients"]), f"{r['engine_s_per_round']:.4f}", f"{r['vectorized_s_per_round']:.4f}",
+                 f"{r['bare_s_per_round']:.4f}", f"{r['ratio']:.2f}", f"{r['vectorized_speedup']:.2f}"]
+                for r in results["engine_overhead"]]
+        headers = ["clients", "local engine s/round", "vectorized s/round", "bare loop s/round", "engine / bare",
+                   "bare / vectorized"]
         out_console.print(rich_table(headers, rows, "engine overhead (FedAvg, digits-tasks, MLP [64], 1 thread)"))
         par = results["parallel_clients"]
         out_console.print(rich_table(
@@ -141,9 +143,10 @@ def bench(
         if "flower_simulation" in results:
             sim = results["flower_simulation"]
             out_console.print(rich_table(
-                ["clients", "local engine s/round", "Flower simulation s/round", "Flower / local"],
-                [[str(sim["clients"]), f"{sim['local_s_per_round']:.4f}", f"{sim['flower_sim_s_per_round']:.4f}",
-                  f"{sim['ratio']:.1f}"]],
+                ["clients", "local s/round", "local vectorized s/round", "Flower simulation s/round",
+                 "Flower / local", "Flower / vectorized"],
+                [[str(sim["clients"]), f"{sim['local_s_per_round']:.4f}", f"{sim['vectorized_s_per_round']:.4f}",
+                  f"{sim['flower_sim_s_per_round']:.4f}", f"{sim['ratio']:.1f}", f"{sim['vectorized_ratio']:.1f}"]],
                 "the local engine against Flower's simulation (same workload, same numbers)"))
         out_console.print(f"machine: {results['machine']['processor']}, {results['machine']['platform']}; "
                           f"figures: {out}")
