@@ -72,6 +72,9 @@ class RunConfig(Params):
         "one batched computation (equal within float tolerance; methods that cannot fall back with a notice)",
     )
     vector_clients: int = Field(default=256, ge=1, description="execution=vectorized: clients per batched computation")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="where clients train: auto picks the GPU when torch sees one, else the CPU"
+    )
     power_watts: float = Field(
         15.0, gt=0, description="power of one busy client process for energy estimates (W): a laptop CPU core"
     )

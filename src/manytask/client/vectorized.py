@@ -99,7 +99,8 @@ def train_vectorized(
     config = trainer.config
     lr = config.lr_at(round_index, total_rounds)
     buffers: dict[str, Tensor] = {}
-    totals = {task: torch.zeros(len(jobs), dtype=torch.float64) for task in plans}
+    device = next(iter(params.values())).device
+    totals = {task: torch.zeros(len(jobs), dtype=torch.float64, device=device) for task in plans}
     for step in range(steps[0]):
         active = sum(count > step for count in steps)
         live = {n: p[:active].detach().requires_grad_() for n, p in params.items()}  # views of the prefix
@@ -155,7 +156,7 @@ def _trains_mask(name: str, jobs: Sequence[ClientJob], like: Tensor) -> Tensor |
     task = task_of_key(name)
     if task is None:
         return None
-    return _broadcast(torch.tensor([task in job.data for job in jobs], dtype=like.dtype), like)
+    return _broadcast(torch.tensor([task in job.data for job in jobs], dtype=like.dtype, device=like.device), like)
 
 
 Term = Callable[[Mapping[str, Tensor], int], Tensor]
@@ -176,8 +177,8 @@ def _stacked_terms(jobs: Sequence[ClientJob], params: Mapping[str, Tensor]) -> l
             raise NotVectorizable(f"a hook's term covers parameters that are not trained ({unknown[:2]})")
         operands = {k: torch.stack([t.operands.get(k, torch.zeros_like(params[k][0])) for t in per_client])
                     for k in keys}
-        present = {k: _broadcast(torch.tensor([k in t.operands for t in per_client], dtype=params[k].dtype),
-                                 params[k]) for k in keys}
+        present = {k: _broadcast(torch.tensor([k in t.operands for t in per_client], dtype=params[k].dtype,
+                                              device=params[k].device), params[k]) for k in keys}
         closures.append(_closure(per_client[0], operands, present))
     return closures
 
@@ -223,15 +224,16 @@ class TaskPlan:
         self.steps = [self._stacked(placed) for placed in self.placed]
 
     def _stacked(self, placed: list[tuple[int, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-        rows = torch.tensor([client for client, _ in placed], dtype=torch.long)
+        device = self.x.device
+        rows = torch.tensor([client for client, _ in placed], dtype=torch.long, device=device)
         if not placed:
-            return rows, torch.zeros(0, self.batch, dtype=torch.long), torch.zeros(0, self.batch)
+            return rows, torch.zeros(0, self.batch, dtype=torch.long, device=device), torch.zeros(0, self.batch)
         index = pad_sequence([chosen for _, chosen in placed], batch_first=True)
-        index = nn.functional.pad(index, (0, self.batch - index.shape[1]))
+        index = nn.functional.pad(index, (0, self.batch - index.shape[1])).to(device)
         counts = torch.tensor([len(chosen) for _, chosen in placed])
         dtype = self.x.dtype if self.x.is_floating_point() else torch.get_default_dtype()
         weight = (torch.arange(self.batch) < counts[:, None]).to(dtype) / counts[:, None].to(dtype)
-        return rows, index, weight
+        return rows, index, weight.to(device)
 
     def live(self, step: int) -> bool:
         return len(self.steps[step][0]) > 0

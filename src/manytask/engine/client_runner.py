@@ -15,6 +15,7 @@ from torch import Tensor
 
 from manytask.client.trainer import TaskData
 from manytask.client.vectorized import NotVectorizable
+from manytask.devices import CPU, on_device, resolve_device
 from manytask.experiment import Experiment
 from manytask.messages import Message, decode, encode
 from manytask.methods.base import ClientContext, Metrics
@@ -31,6 +32,7 @@ class ClientRunner:
         self.program = experiment.client_program()
         self._data: OrderedDict[int, TaskData] = OrderedDict()  # the most recently asked-for clients' data
         self.notices: set[str] = set()  # why clients could not be vectorized, each told once
+        self.device = self._device(resolve_device(experiment.config.device))
 
     def fit(
         self, client: int, round_index: int, payload: bytes | None, state: ClientState
@@ -43,6 +45,7 @@ class ClientRunner:
         began = time.perf_counter()
         reply = self.program.fit(ctx, _decoded(payload))
         seconds = time.perf_counter() - began
+        state.update(on_device(state, CPU))  # client state is kept (and checkpointed) on the CPU
         return (None if reply is None else encode(reply)), seconds
 
     def fit_many(
@@ -60,7 +63,20 @@ class ClientRunner:
             self._notice(str(why))
             return {c: self.fit(c, round_index, payloads[c], states[c]) for c in clients}
         seconds = (time.perf_counter() - began) / len(clients)
+        for client in clients:
+            states[client].update(on_device(states[client], CPU))
         return {c: (None if r is None else encode(r), seconds) for c, r in zip(clients, replies, strict=True)}
+
+    def _device(self, device: torch.device) -> torch.device:
+        """`device` where the program can train there; the CPU, with a notice, where it cannot yet."""
+        if device == CPU:
+            return CPU
+        if not self.program.supports_device:
+            print(f"{self.exp.label}: trains its clients on the CPU; its client program has no {device.type} "
+                  "support yet", file=sys.stderr)
+            return CPU
+        self.program.to_device(device)
+        return device
 
     def _notice(self, reason: str) -> None:
         if reason not in self.notices:
@@ -71,8 +87,10 @@ class ClientRunner:
     def evaluate(self, client: int, payload: bytes | None, state: ClientState) -> Metrics:
         """The client's own model on the test sets of the tasks it holds."""
         ctx = self._context(client, self.exp.total_rounds, state, derive_seed(self.exp.config.seed, "eval", client))
-        test = self.exp.test_data(self.exp.federation.tasks_of(client))
-        return self.program.evaluate(ctx, _decoded(payload), test)
+        test = self._on_device(self.exp.test_data(self.exp.federation.tasks_of(client)))
+        metrics = self.program.evaluate(ctx, _decoded(payload), test)
+        state.update(on_device(state, CPU))
+        return metrics
 
     def _context(self, client: int, round_index: int, state: ClientState, seed: int) -> ClientContext:
         seed_global_rng(seed)  # programs that draw from torch's global RNG stay reproducible too
@@ -82,7 +100,13 @@ class ClientRunner:
         self._data[client] = data  # most recent last
         if len(self._data) > CACHED_CLIENTS:
             self._data.pop(next(iter(self._data)))
-        return ClientContext(client, round_index, data, state, seed)
+        state.update(on_device(state, self.device))
+        return ClientContext(client, round_index, self._on_device(data), state, seed)
+
+    def _on_device(self, data: TaskData) -> TaskData:
+        if self.device == CPU:
+            return data
+        return {task: (x.to(self.device), y.to(self.device)) for task, (x, y) in data.items()}
 
 
 def _decoded(payload: bytes | None) -> Message | None:

@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import torch
 from torch import Tensor
 
 from manytask.client.trainer import TaskData, TrainConfig, Trainer, evaluate
 from manytask.client.vectorized import NotVectorizable
+from manytask.devices import CPU
 from manytask.messages import Message
 from manytask.models.adapters import LoraParams, add_lora
 from manytask.models.multitask import MultiTaskModel, build_model, to_role, trainable_state
@@ -79,9 +81,16 @@ class ClientContext:
 
 
 class ClientProgram(ABC, Generic[P]):
+    supports_device = False  # True: it trains on `self.device` (models, payloads, data and state moved there)
+
     def __init__(self, setup: Setup, params: P) -> None:
         self.setup = setup
         self.params = params
+        self.device = CPU
+
+    def to_device(self, device: torch.device) -> None:
+        """Train on `device` from now on (called before the first client, only where `supports_device`)."""
+        self.device = device
 
     @abstractmethod
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message | None:

@@ -33,6 +33,7 @@ from manytask.client.trainer import (
     sum_of_task_losses,
 )
 from manytask.client.vectorized import ClientJob, NotVectorizable, train_vectorized
+from manytask.devices import on_device
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
@@ -148,9 +149,15 @@ class HostClient(HostModel, ClientProgram[HostParams]):
     Joint (default): one model trained on all held tasks at once. `per_task`: one copy per held task, each trained
     on that task alone and uploaded as `copy/<task>/<name>` (the MaTU paper's FedAvg baseline)."""
 
+    supports_device = True
+
     def __init__(self, setup: Setup, params: HostParams) -> None:
         super().__init__(setup, params)
-        self.models = ModelPool(self.build_model)
+        self.models = ModelPool(self.build_on_device)
+
+    def build_on_device(self) -> tuple[MultiTaskModel, nn.Module]:
+        model, module = self.build_model()
+        return model.to(self.device), module.to(self.device)
 
     def hooks(self, ctx: ClientContext, copy: TrainedCopy) -> list[TrainHook]:
         """Training hooks of the host's local objective (none for FedAvg)."""
@@ -217,7 +224,7 @@ class HostClient(HostModel, ClientProgram[HostParams]):
     @cached_property
     def template(self) -> nn.Module:
         """A model that gives vectorized training its structure (its values are never used)."""
-        return self.build_model()[0]
+        return self.build_on_device()[0]
 
     def _check_vectorizable(self, trainer: Trainer) -> None:
         if type(self).fit is not HostClient.fit:
@@ -258,7 +265,7 @@ class HostClient(HostModel, ClientProgram[HostParams]):
 
     def received(self, ctx: ClientContext, payload: Message | None) -> dict[str, Tensor]:
         """What the server sent, in task form."""
-        tensors = {} if payload is None else payload.tensors()
+        tensors = {} if payload is None else on_device(payload.tensors(), self.device)
         return to_task(tensors, *ctx.data) if self.params.shared_head else tensors
 
     def copies(self, ctx: ClientContext, received: dict[str, Tensor]) -> Iterator[TrainedCopy]:

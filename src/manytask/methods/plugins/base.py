@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Generic, TypeVar
 
+import torch
 from torch import Tensor
 
 from manytask.client.trainer import TaskData
@@ -31,6 +32,11 @@ class PluginClient(ClientProgram[P], Generic[P]):
     def __init__(self, host: ClientProgram, setup: Setup, params: P) -> None:
         super().__init__(setup, params)
         self.host = host
+        self.supports_device = host.supports_device
+
+    def to_device(self, device: torch.device) -> None:
+        super().to_device(device)
+        self.host.to_device(device)
 
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message | None:
         reply = self.host.fit(ctx, payload)

@@ -1,0 +1,56 @@
+"""`device: auto | cpu | cuda`: where clients train. The CUDA test runs where torch sees a GPU and is skipped
+elsewhere; everything else runs on any machine."""
+
+import json
+
+import pytest
+import torch
+
+from manytask.config import validate
+from manytask.devices import CPU, resolve_device
+from manytask.engine.client_runner import ClientRunner
+from manytask.errors import ManytaskError
+from manytask.experiment import Experiment
+from manytask.run import run_config
+
+HAS_CUDA = torch.cuda.is_available()
+CONFIG = {
+    "name": "devices", "rounds": 3, "seed": 0, "reference": None, "participation": 0.5, "eval_every": 1,
+    "method": ["fedavg", {"name": "fedprox", "mu": 0.1},
+               {"name": "fedavg", "label": "fedavg+dea", "plugin": {"name": "dea", "rho": 0.5}}, "fedper"],
+    "benchmark": {"name": "digits-tasks", "tasks": ["digit", "parity"]},
+    "federation": {"num_clients": 8, "tasks": {"kind": "dirichlet", "zeta": 0.5}, "samples": {"kind": "iid"}},
+    "model": {"backbone": "mlp", "hidden": [32]},
+    "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 16},
+}
+
+
+def test_cpu_is_cpu_and_auto_takes_the_gpu_only_where_there_is_one():
+    assert resolve_device("cpu") == CPU
+    assert resolve_device("auto") == (torch.device("cuda") if HAS_CUDA else CPU)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
+def test_cuda_without_a_gpu_is_refused_in_one_sentence():
+    with pytest.raises(ManytaskError, match="sees no CUDA GPU"):
+        resolve_device("cuda")
+
+
+def test_a_client_program_without_device_support_stays_on_the_cpu_with_a_notice(capsys):
+    runner = ClientRunner(Experiment.build(validate({**CONFIG, "method": "matu", "device": "cpu"})))
+    assert runner._device(torch.device("cuda")) == CPU  # never touches CUDA: the program declines first
+    assert "trains its clients on the CPU" in capsys.readouterr().err
+    host = ClientRunner(Experiment.build(validate({**CONFIG, "method": "fedavg", "device": "cpu"})))
+    assert host.program.supports_device and host.device == CPU
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("execution", ["sequential", "vectorized"])
+def test_training_on_cuda_gives_the_cpu_numbers_within_float_tolerance(tmp_path, execution):
+    cpu = run_config(validate({**CONFIG, "device": "cpu"}), tmp_path / "cpu")
+    gpu = run_config(validate({**CONFIG, "device": "cuda", "execution": execution}), tmp_path / "gpu")
+    for label, summary in cpu.items():
+        rows = [json.loads(line) for line in (tmp_path / "gpu" / label / "metrics.jsonl").read_text().splitlines()]
+        assert len(rows) == 3 and rows[-1]["bytes_up"]
+        for task, metrics in summary["tasks"].items():
+            assert gpu[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-3), (label, task)
