@@ -59,6 +59,8 @@ class StagedClient(HostClient):
     """Trains the held tasks whose decoders the server sent, with the stage's lr schedule; measures lookahead
     affinities when the server asks."""
 
+    supports_device = False  # its lookahead and stage state have not run on a GPU yet
+
     params: StagedParams
 
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message:

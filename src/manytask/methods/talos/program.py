@@ -106,6 +106,8 @@ def check_classification(setup: Setup) -> None:
 
 
 class TalosClient(TalosModel, HostClient):
+    supports_device = False  # its masks and calibration state have not run on a GPU yet
+
     def __init__(self, setup: Setup, params: TalosParams) -> None:
         super().__init__(setup, params)
         check_classification(setup)
