@@ -89,32 +89,35 @@ def train_vectorized(
     if any(list(job.start) != names for job in jobs):
         raise NotVectorizable("clients of the round train different parameters")
     own_steps = [trainer.num_steps(job.data) for job in jobs]
-    order = sorted(range(len(jobs)), key=lambda c: -own_steps[c])
+    rank = {task: i for i, task in enumerate(trainer.specs)}
+    first = [min(rank[t] for t in job.data) for job in jobs]
+    order = sorted(range(len(jobs)), key=lambda c: (-own_steps[c], first[c]))
     jobs = [jobs[c] for c in order]
     steps = [own_steps[c] for c in order]
     params = {n: torch.stack([job.start[n] for job in jobs]) for n in names}
     trains = {n: _trains_mask(n, jobs, params[n]) for n in names}
     plans = _batch_plans(trainer, jobs, steps)
+    passes = _passes(template, plans, params, steps)
     terms = _stacked_terms(jobs, params)
     config = trainer.config
     lr = config.lr_at(round_index, total_rounds)
-    buffers: dict[str, Tensor] = {}
+    buffers: list[Tensor] = []  # momentum, every client's, by name
     device = next(iter(params.values())).device
     totals = {task: torch.zeros(len(jobs), dtype=torch.float64, device=device) for task in plans}
     for step in range(steps[0]):
         active = sum(count > step for count in steps)
         live = {n: p[:active].detach().requires_grad_() for n, p in params.items()}  # views of the prefix
-        losses = step_losses(template, plans, live, step)
-        loss = torch.stack([task_loss.sum() for _, task_loss in losses.values()]).sum()
+        losses = step_losses(template, plans, live, step, passes)
+        loss = torch.stack([task_loss.sum() for _, _, task_loss in losses]).sum()
         for term in terms:
             loss = loss + term(live, active)
         grads = torch.autograd.grad(loss, [live[n] for n in names], allow_unused=True, materialize_grads=True)
         with torch.no_grad():
-            for task, (rows, task_loss) in losses.items():
+            for task, rows, task_loss in losses:
                 totals[task].index_add_(0, rows, task_loss.detach().double())
-            for name, grad in zip(names, grads, strict=True):
-                mask = None if trains[name] is None else trains[name][:active]
-                _sgd_step(live[name], grad, buffers, name, mask, config.momentum, config.weight_decay, lr)
+            masks = [None if trains[n] is None else trains[n][:active] for n in names]
+            buffers = _sgd_step([live[n] for n in names], list(grads), buffers, masks, config.momentum,
+                                config.weight_decay, lr)
     return _results(jobs, order, params, totals, steps)
 
 
@@ -131,20 +134,25 @@ def _results(jobs: Sequence[ClientJob], order: list[int], params: Mapping[str, T
     return results  # type: ignore[return-value]
 
 
-def _sgd_step(param: Tensor, grad: Tensor, buffers: dict[str, Tensor], name: str, mask: Tensor | None,
-              momentum: float, weight_decay: float, lr: float) -> None:
-    """`torch.optim.SGD`'s update (no dampening, no Nesterov) on the training prefix of the stack, in place, moving
-    only the clients where `mask` is 1 (all where it is None). The momentum buffers hold every client; the prefix
-    only shrinks, so each client's buffer is its own from its first step."""
+def _sgd_step(params: list[Tensor], grads: list[Tensor], buffers: list[Tensor], masks: list[Tensor | None],
+              momentum: float, weight_decay: float, lr: float) -> list[Tensor]:
+    """`torch.optim.SGD`'s update (no dampening, no Nesterov; the same arithmetic, element by element) on the
+    training prefix of the stack, in place, moving only the clients where a mask is 1 (all where it is None).
+    Returns the momentum buffers, which hold every client: the prefix only shrinks, so each client's buffer is its
+    own from its first step."""
     if weight_decay:
-        grad = grad.add(param, alpha=weight_decay)
+        grads = torch._foreach_add(grads, params, alpha=weight_decay)
     if momentum:
-        if name not in buffers:
-            buffers[name] = grad.clone()
+        if not buffers:
+            buffers = [grad.clone() for grad in grads]
         else:
-            buffers[name][: len(grad)].mul_(momentum).add_(grad)
-        grad = buffers[name][: len(grad)]
-    param.add_(grad if mask is None else grad * mask, alpha=-lr)
+            prefix = [buffer[: len(grad)] for buffer, grad in zip(buffers, grads, strict=True)]
+            torch._foreach_mul_(prefix, momentum)
+            torch._foreach_add_(prefix, grads)
+        grads = [buffer[: len(grad)] for buffer, grad in zip(buffers, grads, strict=True)]
+    steps = [grad if mask is None else grad * mask for grad, mask in zip(grads, masks, strict=True)]
+    torch._foreach_add_(params, steps, alpha=-lr)
+    return buffers
 
 
 def _broadcast(per_client: Tensor, like: Tensor) -> Tensor:
@@ -256,28 +264,114 @@ class TaskPlan:
         return (per_sample * weight).sum(dim=1)
 
 
+StepLosses = list[tuple[str, Tensor, Tensor]]  # (task, the rows (clients) it covers, each row's loss)
+
+
 def step_losses(
-    template: nn.Module, plans: Mapping[str, TaskPlan], params: Mapping[str, Tensor], step: int
-) -> dict[str, tuple[Tensor, Tensor]]:
-    """Every task's (rows, each row's mean loss) at `step`. When every task's forward pass is a plain chain, the
-    shared layers run once over all tasks' rows (one gather of their parameters, one batched product per layer)
-    and each task's head on its own rows; otherwise each task runs through `vmap`."""
-    live = {task: plan for task, plan in plans.items() if plan.live(step)}
-    chains = {task: plain_chain(template, task) for task in live}
-    if not all(chain is not None and all(k in params for k in _chain_keys(chain)) for chain in chains.values()):
-        return {task: plan.losses(template, params, step) for task, plan in live.items()}
-    rows = [plan.steps[step][0] for plan in live.values()]
-    body = next(iter(chains.values()))[:-1]
-    gathered = torch.cat(rows)
-    x = torch.cat([plan.x[plan.steps[step][1]] for plan in live.values()])
-    features = _run_chain(body, {k: params[k].index_select(0, gathered) for k in _chain_keys(body)}, x)
-    losses = {}
-    for (task, plan), own, task_features in zip(live.items(), rows, features.split([len(r) for r in rows]),
-                                                strict=True):
-        head = chains[task][-1:]
-        outputs = _run_chain(head, {k: params[k].index_select(0, own) for k in _chain_keys(head)}, task_features)
-        losses[task] = (own, plan.mean_losses(outputs, step))
+    template: nn.Module, plans: Mapping[str, TaskPlan], params: Mapping[str, Tensor], step: int,
+    passes: list[list[Pass]] | None,
+) -> StepLosses:
+    """Every (task, rows, each row's mean loss) at `step`: through the passes of a plain chain when there are any,
+    else each task through `vmap` on the rows that take a batch of it."""
+    if passes is None:
+        return [(task, *plan.losses(template, params, step)) for task, plan in plans.items() if plan.live(step)]
+    losses = []
+    for batch in passes[step]:
+        losses.extend(batch.losses(template, params))
     return losses
+
+
+class Pass:
+    """One step's pass over a plain chain (`plain_chain`): pass j holds the j-th batch (of the tasks a client holds,
+    in the setup's task order) of every client still training that holds more than j tasks. Pass 0 holds every such
+    client in stack order, so its layers run on the stack's prefix itself: no gather of parameters, no scatter of
+    their gradients. Clients with the same step count are ordered by their first task, so each task's rows in it
+    are a few contiguous runs, taken by one split (whose gradient is one concatenation). Later passes are small and
+    gather their rows. The shared layers run once per row, then each task's head on that task's rows."""
+
+    def __init__(self, rows: Tensor | None, x: Tensor, runs: list[int] | None,
+                 targets: dict[str, tuple[list[int] | Tensor, Tensor, Tensor]], plans: Mapping[str, TaskPlan]) -> None:
+        self.rows, self.x, self.runs, self.targets, self.plans = rows, x, runs, targets, plans
+
+    @classmethod
+    def build(cls, clients: list[int], placed: dict[int, list[tuple[str, Tensor, Tensor]]], first: bool,
+              plans: Mapping[str, TaskPlan], depth: int) -> Pass:
+        """The pass of `clients`' batches at `depth` (`placed`: client -> [(task, indices, weights)])."""
+        some = next(iter(plans.values()))
+        x = some.x.new_empty((len(clients), some.batch, *some.x.shape[1:]))
+        task_of_row = [placed[client][depth][0] for client in clients]
+        runs = _runs(task_of_row)  # (task, length) in row order
+        by_task: dict[str, list[int]] = {}
+        for row, task in enumerate(task_of_row):
+            by_task.setdefault(task, []).append(row)
+        targets: dict[str, tuple[list[int] | Tensor, Tensor, Tensor]] = {}
+        for task, rows in by_task.items():
+            index = torch.stack([placed[clients[r]][depth][1] for r in rows])
+            weight = torch.stack([placed[clients[r]][depth][2] for r in rows])
+            chosen = torch.tensor(rows, device=x.device)
+            x[chosen] = plans[task].x[index]
+            pieces = [i for i, (owner, _) in enumerate(runs) if owner == task]
+            targets[task] = (pieces if len(runs) <= MAX_RUNS else chosen, plans[task].y[index], weight)
+        lengths = [length for _, length in runs] if len(runs) <= MAX_RUNS else None
+        return cls(None if first else torch.tensor(clients, device=x.device), x, lengths, targets, plans)
+
+    def losses(self, template: nn.Module, params: Mapping[str, Tensor]) -> StepLosses:
+        def used(keys: list[str]) -> dict[str, Tensor]:
+            return {k: params[k] if self.rows is None else params[k].index_select(0, self.rows) for k in keys}
+
+        body = plain_chain(template, next(iter(self.targets)))[:-1]  # type: ignore[index]
+        features = _run_chain(body, used(_chain_keys(body)), self.x)
+        positions = torch.arange(len(self.x), device=self.x.device)
+        losses = []
+        for task, (pieces, y, weight) in self.targets.items():
+            head = plain_chain(template, task)[-1:]  # type: ignore[index]
+            head_params = {k: self._take(v, pieces) for k, v in used(_chain_keys(head)).items()}
+            outputs = _run_chain(head, head_params, self._take(features, pieces))
+            per_sample = self.plans[task].sample_loss(outputs.flatten(0, 1), y.flatten(0, 1)).view(weight.shape)
+            rows = self._take(positions, pieces)
+            losses.append((task, rows if self.rows is None else self.rows[rows], (per_sample * weight).sum(dim=1)))
+        return losses
+
+    def _take(self, tensor: Tensor, pieces: list[int] | Tensor) -> Tensor:
+        """The rows of one task: its pieces of a split along the runs, or a gather."""
+        if isinstance(pieces, Tensor):
+            return tensor.index_select(0, pieces)
+        parts = tensor.split(self.runs)  # type: ignore[arg-type]
+        return parts[pieces[0]] if len(pieces) == 1 else torch.cat([parts[i] for i in pieces])
+
+
+MAX_RUNS = 16  # beyond this many runs of one task in a pass, a gather per task is cheaper than splits
+
+
+def _runs(task_of_row: list[str]) -> list[tuple[str, int]]:
+    """(task, length) of each maximal run of rows of one task, in row order."""
+    runs: list[tuple[str, int]] = []
+    for task in task_of_row:
+        if runs and runs[-1][0] == task:
+            runs[-1] = (task, runs[-1][1] + 1)
+        else:
+            runs.append((task, 1))
+    return runs
+
+
+def _passes(template: nn.Module, plans: Mapping[str, TaskPlan], params: Mapping[str, Tensor],
+            steps: list[int]) -> list[list[Pass]] | None:
+    """Every step's passes when every task's forward pass is a plain chain over trained parameters, else None."""
+    chains = [plain_chain(template, task) for task in plans]
+    if not all(chain is not None and all(k in params for k in _chain_keys(chain)) for chain in chains):
+        return None
+    passes = []
+    for step in range(steps[0]):
+        placed: dict[int, list[tuple[str, Tensor, Tensor]]] = {}
+        for task, plan in plans.items():
+            rows, index, weight = plan.steps[step]
+            for row, client in enumerate(rows.tolist()):
+                placed.setdefault(client, []).append((task, index[row], weight[row]))
+        clients = sorted(placed)
+        depths = max(len(batches) for batches in placed.values())
+        passes.append([Pass.build([c for c in clients if len(placed[c]) > depth], placed, depth == 0, plans, depth)
+                       for depth in range(depths)])
+    return passes
 
 
 Chain = list[tuple[str, nn.Module]]
@@ -318,7 +412,7 @@ def _batch_plans(trainer: Trainer, jobs: Sequence[ClientJob], steps: list[int]) 
     """Each task's plan, filled from the same seeded streams `Trainer.train` draws (one shared stream of indices
     when a client's tasks label the same inputs)."""
     batch = trainer.config.batch_size
-    tasks = list(dict.fromkeys(t for job in jobs for t in job.data))
+    tasks = [t for t in trainer.specs if any(t in job.data for job in jobs)]  # the setup's order, as `_passes`'
     offsets: list[dict[str, int]] = [{} for _ in jobs]
     plans = {}
     for task in tasks:

@@ -8,6 +8,7 @@ task trains."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -79,6 +80,7 @@ def head_prefix(task: str) -> str:
     return f"{HEAD_PREFIX}{task}."
 
 
+@lru_cache(maxsize=1 << 16)  # asked for every key of every message; a model has few distinct keys
 def task_of_key(key: str) -> str | None:
     """The task a parameter (or marked buffer) belongs to, or None for shared (backbone) ones."""
     key = key.removeprefix(BUFFER_PREFIX)
@@ -158,6 +160,26 @@ def load_state(model: nn.Module, state: Mapping[str, Tensor]) -> list[str]:
                                        f"the shape in the current model is {tuple(target.shape)}.")
                 target.copy_(value)
     return unexpected
+
+
+def merged_state(base: Mapping[str, Tensor], *states: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """`base` (a model's tensors by name) with each of `states` loaded over it in turn, exactly as `load_state`
+    would load them into that model: keys it lacks are ignored, a one-element vector fills a scalar, values take the
+    target's dtype and device, and a shape mismatch is an error. Nothing is copied that need not be."""
+    merged = dict(base)
+    for state in states:
+        for key, value in state.items():
+            key = key.removeprefix(BUFFER_PREFIX)
+            target = merged.get(key)
+            if target is None:
+                continue
+            if target.dim() == 0 and value.shape == (1,):
+                value = value[0]
+            if target.shape != value.shape:
+                raise RuntimeError(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)}, "
+                                   f"the shape in the current model is {tuple(target.shape)}.")
+            merged[key] = value.to(dtype=target.dtype, device=target.device)
+    return merged
 
 
 def build_model(

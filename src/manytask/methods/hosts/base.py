@@ -32,7 +32,7 @@ from manytask.client.trainer import (
     evaluate,
     sum_of_task_losses,
 )
-from manytask.client.vectorized import ClientJob, NotVectorizable, train_vectorized
+from manytask.client.vectorized import ClientJob, JobResult, NotVectorizable, train_vectorized
 from manytask.devices import on_device
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
@@ -45,6 +45,7 @@ from manytask.models.multitask import (
     MultiTaskModel,
     is_buffer,
     load_state,
+    merged_state,
     state_keys,
     task_of_key,
     to_role,
@@ -204,39 +205,33 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         self._check_vectorizable(trainer)
         received = [self.received(ctx, payload) for ctx, payload in zip(ctxs, payloads, strict=True)]
         jobs = [self._job(ctx, sent) for ctx, sent in zip(ctxs, received, strict=True)]
-        results = train_vectorized(self.template, trainer, jobs, round_index, rounds)
-        replies: list[Message | None] = []
-        for ctx, sent, result in zip(ctxs, received, results, strict=True):
-            copy = self.trained_copy(ctx, sent, result.params)
-            tensors: dict[str, Tensor] = {}
-            scalars = fit_scalars(ctx.data, {})
-            self.conclude(ctx, copy, result.report, tensors, scalars)
-            replies.append(self.reply(ctx, tensors, scalars))
-        return replies
-
-    def trained_copy(self, ctx: ClientContext, received: dict[str, Tensor], trained: dict[str, Tensor]) -> TrainedCopy:
-        """The joint copy holding `trained`: a model in its initial state with every trainable parameter set is what
-        `start` and training would leave (a vectorizable model has no buffers, and frozen weights never move)."""
-        model, module = self.models.take(ctx)
-        load_state(model, trained)
-        return TrainedCopy(None, list(ctx.data), model, module, received, ctx.seed)
+        results = train_vectorized(self.template[0], trainer, jobs, round_index, rounds)
+        return [self._reply_vectorized(ctx, sent, result)
+                for ctx, sent, result in zip(ctxs, received, results, strict=True)]
 
     @cached_property
-    def template(self) -> nn.Module:
-        """A model that gives vectorized training its structure (its values are never used)."""
-        return self.build_on_device()[0]
+    def template(self) -> tuple[MultiTaskModel, nn.Module]:
+        """A built model that gives vectorized training its structure; never trained, so also its initial values."""
+        return self.build_on_device()
+
+    @cached_property
+    def initial_trainable(self) -> dict[str, Tensor]:
+        """What `start` finds in every trainable parameter before it loads anything."""
+        return {n: p.detach() for n, p in self.template[0].named_parameters() if p.requires_grad}
 
     def _check_vectorizable(self, trainer: Trainer) -> None:
-        if type(self).fit is not HostClient.fit:
-            raise NotVectorizable(f"{type(self).__name__} trains its clients in a fit of its own")
+        overridden = [name for name in ("fit", "start") if getattr(type(self), name) is not getattr(HostClient, name)]
+        if overridden:
+            raise NotVectorizable(f"{type(self).__name__} has a {overridden[0]} of its own")
         if type(trainer).train is not Trainer.train:
             raise NotVectorizable(f"{type(self).__name__} trains with a trainer of its own")
         if self.params.per_task:
             raise NotVectorizable("per_task trains one copy per held task")
 
     def _job(self, ctx: ClientContext, received: dict[str, Tensor]) -> ClientJob:
-        """One client's vectorized job, or `NotVectorizable` when its training needs more than the plain loop."""
-        copy = self.start(ctx, received, list(ctx.data))
+        """One client's vectorized job, or `NotVectorizable` when its training needs more than the plain loop. Its
+        start is what `start` would load into a model, read without one."""
+        copy = TrainedCopy(None, list(ctx.data), *self.template, received, ctx.seed)
         if copy.module is not copy.model:
             raise NotVectorizable(f"{type(self).__name__} trains its model through a wrapper (a linearization)")
         if self.optimizer(ctx, copy) is not None:
@@ -247,8 +242,25 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         acting = [type(h).__name__ for h in hooks if not isinstance(h, ParameterTerm)]
         if acting:
             raise NotVectorizable(f"hook {acting[0]} acts inside the training step")
-        start = {n: p.detach().clone() for n, p in copy.model.named_parameters() if p.requires_grad}
+        start = merged_state(self.initial_trainable, received, self.local_state(ctx, copy))
         return ClientJob(dict(ctx.data), start, copy.seed, [h for h in hooks if isinstance(h, ParameterTerm)])
+
+    def _reply_vectorized(self, ctx: ClientContext, received: dict[str, Tensor], result: JobResult) -> Message:
+        """`fit`'s reply from a vectorized result: without a model where the host's `finish` and `upload` are the
+        plain ones, else from a model holding the trained values."""
+        tensors: dict[str, Tensor] = {}
+        scalars = fit_scalars(ctx.data, {})
+        if type(self).finish is HostClient.finish and type(self).upload is HostClient.upload:
+            copy = TrainedCopy(None, list(ctx.data), *self.template, received, ctx.seed)
+            keys = state_keys(copy.model, copy.tasks)
+            scalars.update({LOSS_PREFIX + t: loss for t, loss in result.report.mean_loss.items()})
+            tensors.update(self.split_upload(ctx, copy, {k: result.params[k] for k in keys}))
+        else:
+            model, module = self.models.take(ctx)
+            load_state(model, result.params)  # the rest keeps its initial values: no buffers, nothing frozen moves
+            copy = TrainedCopy(None, list(ctx.data), model, module, received, ctx.seed)
+            self.conclude(ctx, copy, result.report, tensors, scalars)
+        return self.reply(ctx, tensors, scalars)
 
     def conclude(
         self, ctx: ClientContext, copy: TrainedCopy, report: TrainReport, tensors: dict[str, Tensor],
@@ -291,9 +303,12 @@ class HostClient(HostModel, ClientProgram[HostParams]):
 
     def upload(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, Tensor]:
         """The trained copy's parameters and buffers, local ones kept in client state instead."""
-        state = trainable_state(copy.model, copy.tasks)
+        return self.split_upload(ctx, copy, trainable_state(copy.model, copy.tasks))
+
+    def split_upload(self, ctx: ClientContext, copy: TrainedCopy, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Of a trained copy's `trainable_state`, what is uploaded; its local keys go to client state (copied)."""
         local = self.local_keys(list(state))
-        ctx.state.update({copy.state_prefix + k: state[k] for k in local})
+        ctx.state.update({copy.state_prefix + k: state[k].clone() for k in local})
         shared = {k: v for k, v in state.items() if k not in local}
         if copy.name is None:
             return shared
