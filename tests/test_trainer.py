@@ -234,3 +234,21 @@ def test_tasks_labelling_the_same_inputs_share_each_batch_and_one_encoder_pass()
 
     Trainer(config, SPECS).train(model, data, seed=0, round_index=0, total_rounds=1, hooks=[Record(), Labels()])
     assert seen == [3, 6, 9]  # per step: ONE encoder pass of the trainer, then the check's own two
+
+
+@pytest.mark.parametrize(("momentum", "weight_decay"), [(0.9, 0.01), (0.0, 0.0), (0.5, 0.0)])
+def test_plain_sgd_is_torch_sgd_bit_for_bit(momentum, weight_decay):
+    from manytask.client.optimizers import PlainSGD
+
+    ours, theirs = _model(), _model()
+    optimizers = [PlainSGD(list(ours.parameters()), 0.1, momentum, weight_decay),
+                  torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=momentum, weight_decay=weight_decay)]
+    x, y = _data()["b"]
+    for _ in range(4):
+        for model, optimizer in zip((ours, theirs), optimizers, strict=True):
+            optimizer.zero_grad()
+            SPECS["b"].loss(model(x, "b"), y).backward()  # head a gets no gradient: both leave it alone
+            optimizer.step()
+    for p, q in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert not torch.equal(ours.heads["b"].weight, _model().heads["b"].weight)

@@ -7,24 +7,67 @@ parameter name (a mask per parameter, groups) without copying the training loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 NamedParameters = list[tuple[str, nn.Parameter]]
-OptimizerFactory = Callable[[NamedParameters, float], torch.optim.Optimizer]
+
+
+class LocalOptimizer(Protocol):
+    """What the trainer needs of an optimizer."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    def step(self) -> object: ...
+
+
+OptimizerFactory = Callable[[NamedParameters, float], LocalOptimizer]
 
 
 def config_optimizer(name: str, momentum: float, weight_decay: float) -> OptimizerFactory:
     """The factory of a run's `train.optimizer`: SGD (momentum, weight decay) or AdamW (weight decay)."""
 
-    def build(named: NamedParameters, lr: float) -> torch.optim.Optimizer:
+    def build(named: NamedParameters, lr: float) -> LocalOptimizer:
         params = [p for _, p in named]
         if name == "adamw":
             return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        return PlainSGD(params, lr, momentum, weight_decay)
 
     return build
+
+
+class PlainSGD:
+    """`torch.optim.SGD(params, lr, momentum, weight_decay)` (no dampening, no Nesterov) with the arithmetic of its
+    per-tensor path, operation for operation, so it gives torch's numbers bit for bit (tests/test_trainer.py). It
+    leaves out the optimizer machinery (parameter groups, profiler and compiler hooks around `step`, state dicts)
+    that cost more than a small client's whole step; only the trainer's local loop uses it."""
+
+    def __init__(self, params: list[nn.Parameter], lr: float, momentum: float, weight_decay: float) -> None:
+        self.params, self.lr, self.momentum, self.weight_decay = params, lr, momentum, weight_decay
+        self.buffers: list[Tensor | None] = [None] * len(params)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self.params:
+            param.grad = None
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for i, param in enumerate(self.params):
+                grad = param.grad
+                if grad is None:
+                    continue
+                if self.weight_decay:
+                    grad = grad.add(param, alpha=self.weight_decay)
+                if self.momentum:
+                    buffer = self.buffers[i]
+                    if buffer is None:
+                        buffer = self.buffers[i] = torch.clone(grad).detach()
+                    else:
+                        buffer.mul_(self.momentum).add_(grad)
+                    grad = buffer
+                param.add_(grad, alpha=-self.lr)
 
 
 class SparseSGDM(torch.optim.Optimizer):
