@@ -20,6 +20,7 @@ def test_bench_prints_and_writes_its_ratios(tmp_path):
         assert row["ratio"] == pytest.approx(row["engine_s_per_round"] / row["bare_s_per_round"])
         assert row["engine_s_per_round"] > 0 and row["bare_s_per_round"] > 0
         assert row["vectorized_speedup"] == pytest.approx(row["bare_s_per_round"] / row["vectorized_s_per_round"])
+        assert row["ratio_plain_sgd"] == pytest.approx(row["engine_s_per_round"] / row["bare_plain_sgd_s_per_round"])
     parallel = figures["parallel_clients"]
     assert parallel["workers"] == 2
     assert parallel["speedup"] == pytest.approx(parallel["one_process_s_per_round"] / parallel["workers_s_per_round"])

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from manytask.client.optimizers import PlainSGD
 from manytask.client.trainer import TaskData, shuffled_batches
 from manytask.config import RunConfig, validate
 from manytask.engine.local import local_engine
@@ -33,6 +34,12 @@ from manytask.engine.pool import ProcessPoolTransport
 from manytask.experiment import Experiment
 from manytask.rundir import RunDir
 from manytask.seeding import derive_seed
+
+Sgd = Callable[[list[torch.nn.Parameter], float, float, float], Any]  # (params, lr, momentum, weight decay)
+
+
+def torch_sgd(params: list[torch.nn.Parameter], lr: float, momentum: float, weight_decay: float) -> Any:
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 def engine_config(clients: int, rounds: int, seed: int = 0) -> RunConfig:
@@ -77,8 +84,9 @@ def engine_seconds(config: RunConfig, rounds: int) -> float:
         return seconds_per_round(run, rounds)
 
 
-def bare_seconds(clients: int, rounds: int) -> float:
-    """Seconds per round of the bare loop: the same clients, data, steps and FedAvg, one reused model."""
+def bare_seconds(clients: int, rounds: int, sgd: Sgd = torch_sgd) -> float:
+    """Seconds per round of the bare loop: the same clients, data, steps and FedAvg, one reused model; `sgd` builds
+    its optimizer (torch's, as plain PyTorch code would; or the engine's own `PlainSGD`, for a stricter yardstick)."""
     experiment = Experiment.build(engine_config(clients, rounds + 2))
     data = {c: experiment.client_data(c) for c in range(clients)}
     model = experiment.setup.build_model()
@@ -90,21 +98,21 @@ def bare_seconds(clients: int, rounds: int) -> float:
         nonlocal state
         for _ in range(count):
             state = bare_round(model, state, data, train.batch_size, train.lr, train.momentum,
-                               derive_seed(0, "bench", done[0]))
+                               derive_seed(0, "bench", done[0]), sgd)
             done[0] += 1
 
     return seconds_per_round(run, rounds)
 
 
 def bare_round(model: torch.nn.Module, state: dict[str, torch.Tensor], data: dict[int, TaskData], batch_size: int,
-               lr: float, momentum: float, seed: int) -> dict[str, torch.Tensor]:
+               lr: float, momentum: float, seed: int, sgd: Sgd = torch_sgd) -> dict[str, torch.Tensor]:
     """One FedAvg round in plain PyTorch: every client loads the global state, trains one epoch (of its largest
     task), and its shared weights and its tasks' heads are averaged, weighted by sample counts."""
     sums: dict[str, torch.Tensor] = {}
     weights: dict[str, float] = {}
     for client, tasks in data.items():
         model.load_state_dict(state)
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        opt = sgd(list(model.parameters()), lr, momentum, 0.0)
         steps = max(math.ceil(len(y) / batch_size) for _, y in tasks.values())
         streams = {t: shuffled_batches(x, y, batch_size, seed + client, t) for t, (x, y) in tasks.items()}
         for _ in range(steps):
@@ -134,8 +142,10 @@ def engine_overhead(clients: tuple[int, ...] = (30, 100), rounds: int = 5) -> li
         config = engine_config(count, rounds + 2)
         engine, bare = engine_seconds(config, rounds), bare_seconds(count, rounds)
         batched = engine_seconds(vectorized(config), rounds)
+        strict = bare_seconds(count, rounds, PlainSGD)
         rows.append({"clients": count, "engine_s_per_round": engine, "bare_s_per_round": bare,
-                     "vectorized_s_per_round": batched, "ratio": engine / bare, "vectorized_speedup": bare / batched})
+                     "vectorized_s_per_round": batched, "ratio": engine / bare, "vectorized_speedup": bare / batched,
+                     "bare_plain_sgd_s_per_round": strict, "ratio_plain_sgd": engine / strict})
     return rows
 
 

@@ -113,10 +113,11 @@ def bench(
     def body() -> None:
         results = run_bench(out, rounds, flower, matu_d, sfmtl_clients)
         rows = [[str(r["clients"]), f"{r['engine_s_per_round']:.4f}", f"{r['vectorized_s_per_round']:.4f}",
-                 f"{r['bare_s_per_round']:.4f}", f"{r['ratio']:.2f}", f"{r['vectorized_speedup']:.2f}"]
+                 f"{r['bare_s_per_round']:.4f}", f"{r['bare_plain_sgd_s_per_round']:.4f}", f"{r['ratio']:.2f}",
+                 f"{r['ratio_plain_sgd']:.2f}", f"{r['vectorized_speedup']:.2f}"]
                 for r in results["engine_overhead"]]
-        headers = ["clients", "local engine s/round", "vectorized s/round", "bare loop s/round", "engine / bare",
-                   "bare / vectorized"]
+        headers = ["clients", "local engine s/round", "vectorized s/round", "bare loop s/round",
+                   "bare, PlainSGD s/round", "engine / bare", "engine / bare (PlainSGD)", "bare / vectorized"]
         out_console.print(rich_table(headers, rows, "engine overhead (FedAvg, digits-tasks, MLP [64], 1 thread)"))
         par = results["parallel_clients"]
         out_console.print(rich_table(
