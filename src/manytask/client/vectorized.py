@@ -98,6 +98,9 @@ def train_vectorized(
     trains = {n: _trains_mask(n, jobs, params[n]) for n in names}
     plans = _batch_plans(trainer, jobs, steps)
     passes = _passes(template, plans, params, steps)
+    if passes is None:
+        for plan in plans.values():
+            plan.finish()
     terms = _stacked_terms(jobs, params)
     config = trainer.config
     lr = config.lr_at(round_index, total_rounds)
@@ -213,6 +216,19 @@ SAMPLE_LOSSES: dict[TaskKind, Callable[[Tensor, Tensor], Tensor]] = {
 }
 
 
+def _padded(batches: list[Tensor], batch: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    """Index batches padded to `batch`, (rows, batch), and their per-sample weights: 1/n on a row's n real samples,
+    0 on padding (in `like`'s floating dtype, on its device)."""
+    dtype = like.dtype if like.is_floating_point() else torch.get_default_dtype()
+    if not batches:
+        return (torch.zeros(0, batch, dtype=torch.long, device=like.device),
+                torch.zeros(0, batch, dtype=dtype, device=like.device))
+    index = nn.functional.pad(pad_sequence(batches, batch_first=True), (0, batch - max(len(b) for b in batches)))
+    counts = torch.tensor([len(b) for b in batches])[:, None].to(dtype)
+    weight = (torch.arange(batch) < counts).to(dtype) / counts
+    return index.to(like.device), weight.to(like.device)
+
+
 class TaskPlan:
     """One task's batches: per step, the clients that take a batch of this task (they hold it and have steps left),
     their indices into the task's data of all clients concatenated, (rows, batch), and per-sample weights (1/n on a
@@ -232,16 +248,8 @@ class TaskPlan:
         self.steps = [self._stacked(placed) for placed in self.placed]
 
     def _stacked(self, placed: list[tuple[int, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-        device = self.x.device
-        rows = torch.tensor([client for client, _ in placed], dtype=torch.long, device=device)
-        if not placed:
-            return rows, torch.zeros(0, self.batch, dtype=torch.long, device=device), torch.zeros(0, self.batch)
-        index = pad_sequence([chosen for _, chosen in placed], batch_first=True)
-        index = nn.functional.pad(index, (0, self.batch - index.shape[1])).to(device)
-        counts = torch.tensor([len(chosen) for _, chosen in placed])
-        dtype = self.x.dtype if self.x.is_floating_point() else torch.get_default_dtype()
-        weight = (torch.arange(self.batch) < counts[:, None]).to(dtype) / counts[:, None].to(dtype)
-        return rows, index, weight.to(device)
+        rows = torch.tensor([client for client, _ in placed], dtype=torch.long, device=self.x.device)
+        return rows, *_padded([chosen for _, chosen in placed], self.batch, self.x)
 
     def live(self, step: int) -> bool:
         return len(self.steps[step][0]) > 0
@@ -294,26 +302,28 @@ class Pass:
         self.rows, self.x, self.runs, self.targets, self.plans = rows, x, runs, targets, plans
 
     @classmethod
-    def build(cls, clients: list[int], placed: dict[int, list[tuple[str, Tensor, Tensor]]], first: bool,
-              plans: Mapping[str, TaskPlan], depth: int) -> Pass:
-        """The pass of `clients`' batches at `depth` (`placed`: client -> [(task, indices, weights)])."""
-        some = next(iter(plans.values()))
-        x = some.x.new_empty((len(clients), some.batch, *some.x.shape[1:]))
+    def build(cls, clients: list[int], placed: dict[int, list[tuple[str, Tensor]]], depth: int, inputs: Inputs,
+              plans: Mapping[str, TaskPlan]) -> Pass:
+        """The pass of `clients`' batches at `depth` (`placed`: client -> [(task, indices)], in the setup's task
+        order; `inputs`: every task's inputs concatenated, and where each task's start)."""
+        every, starts = inputs
         task_of_row = [placed[client][depth][0] for client in clients]
+        batches = [placed[client][depth][1] + starts[task] for client, task in zip(clients, task_of_row, strict=True)]
+        index, weight = _padded(batches, next(iter(plans.values())).batch, every)
         runs = _runs(task_of_row)  # (task, length) in row order
         by_task: dict[str, list[int]] = {}
         for row, task in enumerate(task_of_row):
             by_task.setdefault(task, []).append(row)
         targets: dict[str, tuple[list[int] | Tensor, Tensor, Tensor]] = {}
         for task, rows in by_task.items():
-            index = torch.stack([placed[clients[r]][depth][1] for r in rows])
-            weight = torch.stack([placed[clients[r]][depth][2] for r in rows])
-            chosen = torch.tensor(rows, device=x.device)
-            x[chosen] = plans[task].x[index]
+            chosen = torch.tensor(rows, device=index.device)
+            own = (index.index_select(0, chosen) - starts[task]).clamp_(min=0)  # padding points at the task's first
             pieces = [i for i, (owner, _) in enumerate(runs) if owner == task]
-            targets[task] = (pieces if len(runs) <= MAX_RUNS else chosen, plans[task].y[index], weight)
+            targets[task] = (pieces if len(runs) <= MAX_RUNS else chosen, plans[task].y[own],
+                             weight.index_select(0, chosen))
         lengths = [length for _, length in runs] if len(runs) <= MAX_RUNS else None
-        return cls(None if first else torch.tensor(clients, device=x.device), x, lengths, targets, plans)
+        rows_tensor = None if depth == 0 else torch.tensor(clients, device=index.device)
+        return cls(rows_tensor, every[index], lengths, targets, plans)
 
     def losses(self, template: nn.Module, params: Mapping[str, Tensor]) -> StepLosses:
         def used(keys: list[str]) -> dict[str, Tensor]:
@@ -340,6 +350,7 @@ class Pass:
         return parts[pieces[0]] if len(pieces) == 1 else torch.cat([parts[i] for i in pieces])
 
 
+Inputs = tuple[Tensor, dict[str, int]]  # every task's inputs concatenated, and the row where each task's start
 MAX_RUNS = 16  # beyond this many runs of one task in a pass, a gather per task is cheaper than splits
 
 
@@ -360,16 +371,18 @@ def _passes(template: nn.Module, plans: Mapping[str, TaskPlan], params: Mapping[
     chains = [plain_chain(template, task) for task in plans]
     if not all(chain is not None and all(k in params for k in _chain_keys(chain)) for chain in chains):
         return None
+    sizes = [len(plan.x) for plan in plans.values()]
+    inputs = (torch.cat([plan.x for plan in plans.values()]),
+              dict(zip(plans, torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist(), strict=True)))
     passes = []
     for step in range(steps[0]):
-        placed: dict[int, list[tuple[str, Tensor, Tensor]]] = {}
-        for task, plan in plans.items():
-            rows, index, weight = plan.steps[step]
-            for row, client in enumerate(rows.tolist()):
-                placed.setdefault(client, []).append((task, index[row], weight[row]))
+        placed: dict[int, list[tuple[str, Tensor]]] = {}
+        for task, plan in plans.items():  # the setup's task order
+            for client, chosen in plan.placed[step]:
+                placed.setdefault(client, []).append((task, chosen))
         clients = sorted(placed)
         depths = max(len(batches) for batches in placed.values())
-        passes.append([Pass.build([c for c in clients if len(placed[c]) > depth], placed, depth == 0, plans, depth)
+        passes.append([Pass.build([c for c in clients if len(placed[c]) > depth], placed, depth, inputs, plans)
                        for depth in range(depths)])
     return passes
 
@@ -435,6 +448,4 @@ def _batch_plans(trainer: Trainer, jobs: Sequence[ClientJob], steps: list[int]) 
             for step in range(own):
                 for task, stream in streams.items():
                     plans[task].place(step, c, next(stream), offsets[c][task])
-    for plan in plans.values():
-        plan.finish()
     return plans
