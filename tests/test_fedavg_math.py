@@ -28,6 +28,50 @@ def test_weighted_average_matches_hand_computation():
     assert out["backbone.w"].dtype == torch.float32
 
 
+def reference_average(updates, weights):
+    """The definition: running float64 sums of w * value in the given order, divided per key."""
+    sums, totals, dtypes = {}, {}, {}
+    for update, weight in zip(updates, weights, strict=True):
+        for key, value in update.items():
+            term = weight[key] * value.double()
+            sums[key] = sums[key] + term if key in sums else term
+            totals[key] = totals.get(key, 0.0) + weight[key]
+            dtypes[key] = value.dtype
+    return {k: (sums[k] / totals[k]).to(dtypes[k]) for k in sums}
+
+
+def random_value(generator: torch.Generator) -> torch.Tensor:
+    kind = int(torch.randint(6, (1,), generator=generator))
+    value = torch.randn(3, 2, generator=generator) * 10.0 ** int(torch.randint(-6, 6, (1,), generator=generator))
+    return [value, value.double(), value.half(), torch.randint(-2**60, 2**60, (3, 2), generator=generator),
+            torch.full((3, 2), -0.0), value.masked_fill(value > 0, float("inf"))][kind]
+
+
+def random_weight(generator: torch.Generator) -> float | torch.Tensor:
+    kind = int(torch.randint(4, (1,), generator=generator))
+    scale = float(torch.rand(1, generator=generator)) * 100
+    return [scale, scale, torch.rand(3, 2, generator=generator, dtype=torch.float64) + 0.1, torch.tensor(scale)][kind]
+
+
+def test_weighted_average_is_bit_identical_to_running_float64_sums():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        updates = [{k: random_value(generator) for k in "abcd" if torch.rand(1, generator=generator) < 0.7}
+                   for _ in range(int(torch.randint(1, 8, (1,), generator=generator)))]
+        weights = [{k: random_weight(generator) for k in update} for update in updates]
+        expected, out = reference_average(updates, weights), weighted_average(updates, weights)
+        assert out.keys() == expected.keys()
+        for key, value in expected.items():
+            assert out[key].dtype == value.dtype and out[key].shape == value.shape
+            assert out[key].numpy().tobytes() == value.numpy().tobytes()  # bits: -0.0, inf and NaN included
+
+
+def test_weighted_average_leaves_its_inputs_alone():
+    update = {"w": torch.tensor([1.0, 2.0], dtype=torch.float64), "v": torch.tensor([3.0])}
+    weighted_average([update, update], [{"w": 2.0, "v": 3.0}, {"w": 1.0, "v": 1.0}])
+    assert update["w"].tolist() == [1.0, 2.0] and update["v"].tolist() == [3.0]
+
+
 def test_proximal_term_hand_computed():
     params = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
     anchor = {"w": torch.tensor([0.0, 0.0]), "b": torch.tensor([0.0])}

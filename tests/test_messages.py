@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from manytask.messages import Message, decode, encode
+from manytask.messages import Message, _dtype_name, decode, encode
 
 
 def test_round_trip_preserves_arrays_dtypes_and_scalars():
@@ -61,3 +61,40 @@ def test_tensors_with_prefix():
 def test_unsupported_dtype_is_refused():
     with pytest.raises(TypeError):
         Message({"c": np.array([1 + 2j])})
+
+
+def test_wire_format_is_byte_for_byte_stable():
+    # what every earlier version sent for this message: a change here breaks communication accounting and peers
+    msg = Message({"w": torch.tensor([[1.5, -2.0]]), "i": np.array([3], dtype=np.int16),
+                   "m": np.array([True, False, True]), "s": np.float64(0.25)}, {"n/digit": 12, "tag": "é", "lr": 0.05})
+    header = (b'{"arrays":[{"name":"w","dtype":"float32","shape":[1,2],"nbytes":8},'
+              b'{"name":"i","dtype":"int16","shape":[1],"nbytes":2},{"name":"m","dtype":"bool","shape":[3],"nbytes":1},'
+              b'{"name":"s","dtype":"float64","shape":[1],"nbytes":8}],"scalars":{"n/digit":12,"tag":"\\u00e9","lr":0.05}}')
+    payload = b"\x00\x00\xc0?\x00\x00\x00\xc0" + b"\x03\x00" + b"\xa0" + b"\x00\x00\x00\x00\x00\x00\xd0?"
+    assert encode(msg) == b"MTK1" + len(header).to_bytes(4, "little") + header + payload
+    assert encode(decode(encode(msg))) == encode(msg)
+
+
+def test_dtype_lookup_names_every_dtype_as_numpy_does():
+    # the dict that replaces `dtype.name` must agree with it everywhere, byte-swapped dtypes included
+    for code in np.typecodes["All"]:
+        for order in "<>=|":
+            dtype = np.dtype(order + code)
+            assert _dtype_name(dtype) == dtype.name
+
+
+def test_decode_refuses_unknown_dtypes_and_truncation():
+    data = encode(Message({"v": np.ones(2, dtype=np.float32)}))
+    forged = data.replace(b'"float32"', b'"complex"')  # as long as the original: the header length still holds
+    with pytest.raises(ValueError, match="bad dtype"):
+        decode(forged)
+    with pytest.raises(ValueError, match="truncated"):
+        decode(forged[:-1])
+
+
+def test_tensors_in_autograd_or_strided_are_sent_as_their_values():
+    param = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3))
+    msg = Message.from_tensors({"p": param, "t": param.detach().t(), "s": torch.tensor(2.0)})
+    back = decode(encode(msg)).tensors()
+    assert torch.equal(back["p"], param.detach()) and torch.equal(back["t"], param.detach().t())
+    assert back["s"].shape == (1,)  # a 0-d tensor travels as one entry, as it always has

@@ -33,10 +33,18 @@ def weighted_average(
     for update, weight in zip(updates, weights, strict=True):
         for key, value in update.items():
             w = weight[key]
-            sums[key] = sums[key] + w * value.double() if key in sums else w * value.double()
+            term = _weighted(value, w)
+            sums[key] = sums[key] + term if key in sums else term
             totals[key] = totals.get(key, 0.0) + w
             dtypes[key] = value.dtype
     return {k: (sums[k] / totals[k]).to(dtypes[k]) for k in sums if _positive(k, totals[k])}
+
+
+def _weighted(value: Tensor, weight: Weight) -> Tensor:
+    """`weight * value.double()`, scaled in place when the conversion made a copy (one tensor fewer per term:
+    the same products). A float64 value is not copied, and a tensor weight may broadcast to a larger shape."""
+    double = value.double()
+    return double.mul_(weight) if type(weight) is float and double is not value else weight * double
 
 
 def _positive(key: str, total: Weight) -> bool:
