@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from manytask.client.optimizers import OptimizerFactory, config_optimizer
 from manytask.client.schedules import Schedule, scheduled_lr
+from manytask.models.multitask import model_tensors
 from manytask.registry import Params
 from manytask.seeding import torch_generator
 from manytask.tasks.predictions import record_prediction
@@ -98,9 +99,13 @@ LossCombiner = Callable[[StepContext], Tensor]
 
 
 def sum_of_task_losses(step: StepContext) -> Tensor:
-    """The default combination: Σ_t L_t, in the order the client holds its tasks."""
-    total = torch.zeros(())
-    for loss in step.losses.values():
+    """The default combination: Σ_t L_t, in the order the client holds its tasks (from the first loss, not from a
+    zero: 0 + L is L exactly, and one tensor fewer per step)."""
+    losses = iter(step.losses.values())
+    total = next(losses, None)
+    if total is None:
+        return torch.zeros(())
+    for loss in losses:
         total = total + loss
     return total
 
@@ -144,7 +149,7 @@ class Trainer:
         combine: LossCombiner = sum_of_task_losses,
     ) -> TrainReport:
         """Train `model` in place on every task in `data`; deterministic given `seed`."""
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in model_tensors(model).parameters if p.requires_grad]
         params = [p for _, p in named]
         lr = self.config.lr_at(round_index, total_rounds)
         factory = optimizer or config_optimizer(self.config.optimizer, self.config.momentum, self.config.weight_decay)

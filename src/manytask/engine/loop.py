@@ -61,7 +61,18 @@ PREDICTION_EXAMPLES = 4  # test images per dense task kept for the report's pict
 
 
 def _serialize(messages: Mapping[int, Message | None]) -> Payloads:
-    return {c: None if m is None else encode(m) for c, m in messages.items()}
+    """Each client's message encoded; one message object sent to several clients is encoded once (every client still
+    gets, and is counted, its own serialized bytes)."""
+    encoded: dict[int, bytes] = {}
+    payloads: Payloads = {}
+    for client, message in messages.items():
+        if message is None:
+            payloads[client] = None
+            continue
+        if id(message) not in encoded:
+            encoded[id(message)] = encode(message)
+        payloads[client] = encoded[id(message)]
+    return payloads
 
 
 def _sizes(payloads: Mapping[int, bytes | None]) -> dict[str, int]:

@@ -337,6 +337,7 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         self.global_state = self.initial_state()
         self.parts: dict[str, dict[str, Tensor]] = {}  # named server state beyond the global model
         self.sent: dict[int, dict[str, Tensor]] = {}  # this round's payloads: the references of the replies
+        self.payloads: dict[frozenset[str], Message] = {}  # this round's payload per task set
 
     def initial_state(self) -> dict[str, Tensor]:
         """The global model before round 1; in role form (`Setup.common_start`) when every client shares one
@@ -349,14 +350,19 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         return {k: v for k, v in state.items() if k not in local}
 
     def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
+        self.payloads = {}
         payloads = {c: self.payload_for(c) for c in clients}
         self.sent = {c: p.tensors() for c, p in payloads.items()}
         return payloads
 
     def payload_for(self, client: int) -> Message:
-        tasks = set(self.setup.holdings[client])
-        return Message.from_tensors({k: v for k, v in self.global_state.items()
-                                     if task_of_key(k) is None or task_of_key(k) in tasks})
+        """The shared parameters and the heads of the client's tasks; one message per task set in a round (the
+        engine serializes it for every client that gets it)."""
+        tasks = frozenset(self.setup.holdings[client])
+        if tasks not in self.payloads:
+            self.payloads[tasks] = Message.from_tensors(
+                {k: v for k, v in self.global_state.items() if (task := task_of_key(k)) is None or task in tasks})
+        return self.payloads[tasks]
 
     def update_weights(self, client: int, keys: list[str], sizes: dict[str, int]) -> dict[str, float | Tensor]:
         """A copy's aggregation weight per parameter: FedAvg's (task size for a head, total size otherwise)."""
@@ -413,6 +419,7 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         return {task: evaluate(self.global_model(task), self.setup.specs[task], x, y) for task, (x, y) in test.items()}
 
     def configure_evaluate(self, clients: list[int]) -> dict[int, Message | None]:
+        self.payloads = {}  # the model has changed since the round's payloads were built
         return {c: self.payload_for(c) for c in clients}
 
     def global_model(self, task: str | None = None) -> nn.Module:
