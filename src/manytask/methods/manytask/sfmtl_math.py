@@ -6,6 +6,7 @@ A client's head is a linear map h(z) = W z + b over features z ∈ R^k; its anch
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
 import networkx as nx
 import torch
@@ -39,16 +40,85 @@ def similarity_graph(
     heads: Sequence[Head], anchors: Sequence[Tensor], label_sets: Sequence[Sequence[int]], alpha: float = 0.49
 ) -> Tensor:
     """Step 3: w_ij = max(0, α·w_head(i,j) + (1 − α)·w_anchor(i,j)) over the held classes' anchors; symmetric,
-    zero diagonal (a complete graph over the participants)."""
+    zero diagonal (a complete graph over the participants).
+
+    Computed for all pairs at once, the same numbers as :func:`head_similarity` and :func:`anchor_similarity` pair by
+    pair: every head runs once on every client's held anchors (:func:`_head_outputs`), each row is normalized once
+    (as ``F.cosine_similarity`` does: x / max(‖x‖, 1e-8), then the sum of products), the anchor cosines come as one
+    [M, M] matrix over all M held anchors, and the row maxima and means, the float64 mixing and the clip at 0 follow
+    the per-pair formulas step for step."""
     held = [a[list(labels)] for a, labels in zip(anchors, label_sets, strict=True)]
     n = len(heads)
     weights = torch.zeros(n, n)
-    for i in range(n):
-        for j in range(i + 1, n):
-            mixed = alpha * head_similarity(heads[i], heads[j], held[i], held[j])
-            mixed += (1 - alpha) * anchor_similarity(held[i], held[j])
-            weights[i, j] = weights[j, i] = max(0.0, mixed)
+    if n < 2:
+        return weights
+    if any(h.shape[0] == 0 for h in held):
+        raise ValueError("every client must hold at least one class to compare anchors")
+    head = _head_means(heads, held).to(torch.float64)  # [i, j]: mean over i's anchors of cos(h_i, h_j)
+    anchor = _anchor_means(held)  # [i, j]: mean over i's anchors of the best cosine with j's
+    i, j = torch.triu_indices(n, n, 1)
+    w_head = ((head[i, j] + 0.0) + head[j, i]) / 2  # head_similarity: total = 0.0; total += v1; total += v2; / 2
+    w_anchor = ((anchor[i, j] + anchor[j, i]) / 2).to(torch.float64)
+    mixed = alpha * w_head + (1 - alpha) * w_anchor
+    clipped = torch.where(mixed > 0.0, mixed, 0.0).to(weights.dtype)  # max(0.0, mixed), NaN included
+    weights[i, j] = clipped
+    weights[j, i] = clipped
     return weights
+
+
+def _normalized(rows: Tensor) -> Tensor:
+    """Rows divided by max(‖row‖₂, 1e-8), as inside ``F.cosine_similarity`` (same ops, same values)."""
+    return rows / torch.linalg.vector_norm(rows, 2, dim=-1, keepdim=True).clamp_min(1e-8)
+
+
+def _head_outputs(anchors: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Every head on the same anchors: ``[N, r, C]``, row j the output of ``_apply((weight[j], bias[j]), anchors)``.
+    One batched matmul where torch sends it to MKL's batched GEMM, whose per-matrix kernels are those of the single
+    GEMMs (checked in tests/test_server_hotspots.py); single GEMMs where torch would take another path: one row or
+    column (GEMV) or a product under 400 multiply-adds (torch's own loop)."""
+    rows, features = anchors.shape
+    count, classes = weight.shape[0], weight.shape[1]
+    if rows >= 2 and classes >= 2 and rows * classes * features >= 400:
+        products = torch.bmm(anchors.expand(count, rows, features), weight.transpose(1, 2))
+        return products + bias[:, None, :]
+    return torch.stack([_apply((weight[k], bias[k]), anchors) for k in range(count)])
+
+
+def _head_means(heads: Sequence[Head], held: list[Tensor]) -> Tensor:
+    """[i, j] = mean over the rows A of i's held anchors of cos(h_i(A), h_j(A)) (float32; the diagonal is unused)."""
+    weight = torch.stack([w for w, _ in heads])
+    bias = torch.stack([b for _, b in heads])
+    means = []
+    for i, anchors in enumerate(held):
+        outputs = _normalized(_head_outputs(anchors, weight, bias))  # [N, r, C]
+        means.append((outputs[i] * outputs).sum(dim=-1).mean(dim=-1))
+    return torch.stack(means)
+
+
+def _anchor_means(held: list[Tensor]) -> Tensor:
+    """[i, j] = mean over i's held anchors of the best cosine with any of j's (float32): the first term of
+    :func:`anchor_similarity`; its second term for (i, j) is this for (j, i)."""
+    rows = torch.cat(held)
+    normalized = _normalized(rows)
+    sizes = [len(h) for h in held]
+    starts = [0, *accumulate(sizes[:-1])]
+    widest = max(sizes)
+    # Each client's anchor rows, padded to the widest by repeating its last row (a repeat does not change a max).
+    columns = torch.tensor([[start + min(r, size - 1) for r in range(widest)] for start, size in zip(starts, sizes,
+                                                                                                    strict=True)])
+    best = torch.empty(rows.shape[0], len(held), dtype=rows.dtype)  # [a, j]: max over j's rows of cos(a, ·)
+    chunk = max(1, (1 << 22) // max(1, rows.shape[0] * rows.shape[1]))
+    for first in range(0, rows.shape[0], chunk):
+        cos = (normalized[first : first + chunk, None, :] * normalized[None, :, :]).sum(dim=-1)  # [c, M]
+        best[first : first + chunk] = cos[:, columns].amax(dim=-1)
+    means = torch.empty(len(held), len(held), dtype=rows.dtype)
+    for size in sorted(set(sizes)):
+        clients = [i for i, s in enumerate(sizes) if s == size]
+        index = torch.tensor([starts[i] + r for i in clients for r in range(size)])
+        # [G, N, size] contiguous, so each mean runs over a contiguous row like the per-pair 1-D mean.
+        picked = best.index_select(0, index).view(len(clients), size, -1).transpose(1, 2).contiguous()
+        means[clients] = picked.mean(dim=-1)
+    return means
 
 
 def communities(weights: Tensor, seed: int, resolution: float = 1.0) -> list[list[int]]:
@@ -56,10 +126,9 @@ def communities(weights: Tensor, seed: int, resolution: float = 1.0) -> list[lis
     community sorted, communities ordered by their smallest member."""
     graph = nx.Graph()
     graph.add_nodes_from(range(len(weights)))
-    for i in range(len(weights)):
-        for j in range(i + 1, len(weights)):
-            if weights[i, j] > 0:
-                graph.add_edge(i, j, weight=float(weights[i, j]))
+    rows = weights.tolist()  # the same float values as float(weights[i, j]), without a tensor index per pair
+    graph.add_edges_from((i, j, {"weight": rows[i][j]}) for i in range(len(rows)) for j in range(i + 1, len(rows))
+                         if rows[i][j] > 0)
     found = nx.community.louvain_communities(graph, weight="weight", resolution=resolution, seed=seed)
     return sorted((sorted(c) for c in found), key=lambda c: c[0])
 
