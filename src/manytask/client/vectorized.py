@@ -106,30 +106,30 @@ def train_vectorized(
     lr = config.lr_at(round_index, total_rounds)
     buffers: list[Tensor] = []  # momentum, every client's, by name
     device = next(iter(params.values())).device
-    totals = {task: torch.zeros(len(jobs), dtype=torch.float64, device=device) for task in plans}
+    totals = torch.zeros(len(jobs), len(plans), dtype=torch.float64, device=device)  # client x task loss sums
     for step in range(steps[0]):
         active = sum(count > step for count in steps)
         live = {n: p[:active].detach().requires_grad_() for n, p in params.items()}  # views of the prefix
         losses = step_losses(template, plans, live, step, passes)
-        loss = torch.stack([task_loss.sum() for _, _, task_loss in losses]).sum()
+        loss = torch.stack([row_loss.sum() for _, _, row_loss in losses]).sum()
         for term in terms:
             loss = loss + term(live, active)
         grads = torch.autograd.grad(loss, [live[n] for n in names], allow_unused=True, materialize_grads=True)
         with torch.no_grad():
-            for task, rows, task_loss in losses:
-                totals[task].index_add_(0, rows, task_loss.detach().double())
+            for columns, rows, row_loss in losses:
+                totals.index_put_((rows, columns), row_loss.detach().double(), accumulate=True)
             masks = [None if trains[n] is None else trains[n][:active] for n in names]
             buffers = _sgd_step([live[n] for n in names], list(grads), buffers, masks, config.momentum,
                                 config.weight_decay, lr)
-    return _results(jobs, order, params, totals, steps)
+    return _results(jobs, order, params, list(plans), totals, steps)
 
 
-def _results(jobs: Sequence[ClientJob], order: list[int], params: Mapping[str, Tensor],
-             totals: Mapping[str, Tensor], steps: list[int]) -> list[JobResult]:
+def _results(jobs: Sequence[ClientJob], order: list[int], params: Mapping[str, Tensor], tasks: list[str],
+             totals: Tensor, steps: list[int]) -> list[JobResult]:
     """Each client's trained parameters (views of the stack, which changes no more) and report, in the callers'
     order."""
     per_client = {n: p.unbind(0) for n, p in params.items()}
-    mean = {task: total.tolist() for task, total in totals.items()}
+    mean = dict(zip(tasks, totals.T.tolist(), strict=True))
     results: list[JobResult | None] = [None] * len(jobs)
     for c, (job, original) in enumerate(zip(jobs, order, strict=True)):
         losses = {task: mean[task][c] / max(steps[c], 1) for task in job.data}
@@ -236,7 +236,7 @@ class TaskPlan:
     the sequential work plus padding."""
 
     def __init__(self, task: str, spec: TaskSpec, x: Tensor, y: Tensor, steps: int, batch: int) -> None:
-        self.task, self.x, self.y, self.batch = task, x, y, batch
+        self.task, self.x, self.y, self.batch, self.outputs, self.kind = task, x, y, batch, spec.num_outputs, spec.kind
         self.sample_loss = SAMPLE_LOSSES[spec.kind]
         self.placed: list[list[tuple[int, Tensor]]] = [[] for _ in range(steps)]  # step -> [(client, indices)]
 
@@ -272,17 +272,19 @@ class TaskPlan:
         return (per_sample * weight).sum(dim=1)
 
 
-StepLosses = list[tuple[str, Tensor, Tensor]]  # (task, the rows (clients) it covers, each row's loss)
+StepLosses = list[tuple[Tensor, Tensor, Tensor]]  # (task columns, client rows, losses), aligned
 
 
 def step_losses(
     template: nn.Module, plans: Mapping[str, TaskPlan], params: Mapping[str, Tensor], step: int,
     passes: list[list[Pass]] | None,
 ) -> StepLosses:
-    """Every (task, rows, each row's mean loss) at `step`: through the passes of a plain chain when there are any,
-    else each task through `vmap` on the rows that take a batch of it."""
+    """Every (task column, client row, mean loss) of the batches at `step`, as three aligned tensors: through the
+    passes of a plain chain when there are any, else each task through `vmap` on the rows that take a batch of it."""
     if passes is None:
-        return [(task, *plan.losses(template, params, step)) for task, plan in plans.items() if plan.live(step)]
+        return [(torch.full_like(rows, column), rows, row_loss)
+                for column, plan in enumerate(plans.values()) if plan.live(step)
+                for rows, row_loss in [plan.losses(template, params, step)]]
     losses = []
     for batch in passes[step]:
         losses.extend(batch.losses(template, params))
@@ -292,14 +294,50 @@ def step_losses(
 class Pass:
     """One step's pass over a plain chain (`plain_chain`): pass j holds the j-th batch (of the tasks a client holds,
     in the setup's task order) of every client still training that holds more than j tasks. Pass 0 holds every such
-    client in stack order, so its layers run on the stack's prefix itself: no gather of parameters, no scatter of
-    their gradients. Clients with the same step count are ordered by their first task, so each task's rows in it
-    are a few contiguous runs, taken by one split (whose gradient is one concatenation). Later passes are small and
-    gather their rows. The shared layers run once per row, then each task's head on that task's rows."""
+    client in stack order, so it runs on the stack's prefix itself: no gather of parameters, no scatter of their
+    gradients. Later passes are small and gather their rows. The shared layers run once per row; the heads of the
+    pass's tasks run as one merged head (their weights concatenated along the outputs). Each row's loss is then
+    taken on its own task's outputs: for classification, one cross-entropy over every row, its own task's logits
+    picked out and the others' masked to −∞; otherwise each task's loss on its slice, weighted to zero on the rows
+    of other tasks."""
 
-    def __init__(self, rows: Tensor | None, x: Tensor, runs: list[int] | None,
-                 targets: dict[str, tuple[list[int] | Tensor, Tensor, Tensor]], plans: Mapping[str, TaskPlan]) -> None:
-        self.rows, self.x, self.runs, self.targets, self.plans = rows, x, runs, targets, plans
+    def __init__(self, rows: Tensor | None, x: Tensor, row_tasks: list[str], batches: tuple[Tensor, Tensor],
+                 plans: Mapping[str, TaskPlan]) -> None:
+        self.rows, self.x, self.plans = rows, x, plans
+        self.tasks = [task for task in plans if task in set(row_tasks)]  # the merged head's order
+        self.sizes = [plans[task].outputs for task in self.tasks]
+        device = x.device
+        self.columns = torch.tensor([list(plans).index(task) for task in row_tasks], device=device)
+        self.index, self.weight = batches  # (rows, batch) into each row's task's data, and the per-sample weights
+        self.chosen = {task: torch.tensor([r for r, t in enumerate(row_tasks) if t == task], device=device)
+                       for task in self.tasks}
+        classification = all(plans[task].kind is TaskKind.CLASSIFICATION for task in self.tasks)
+        self.picks = self._picks(row_tasks) if classification else None
+
+    def _picks(self, row_tasks: list[str]) -> tuple[Tensor, Tensor, Tensor]:
+        """(the merged head's columns of each row's own task, padded, (rows, widest); the −∞ mask of the padding,
+        (rows, 1, widest); each row's own targets, (rows, batch))."""
+        device = self.x.device
+        position = {task: i for i, task in enumerate(self.tasks)}
+        own_task = torch.tensor([position[task] for task in row_tasks], device=device)
+        sizes = torch.tensor(self.sizes, device=device)
+        starts = sizes.cumsum(0) - sizes
+        slot = torch.arange(max(self.sizes), device=device)
+        size = sizes[own_task][:, None]
+        picks = starts[own_task][:, None] + torch.minimum(slot, size - 1)
+        mask = torch.zeros(picks.shape, dtype=self.weight.dtype, device=device).masked_fill_(slot >= size, -torch.inf)
+        own = torch.zeros(self.index.shape, dtype=torch.long, device=device)
+        for task, chosen in self.chosen.items():
+            own.index_copy_(0, chosen, self.plans[task].y[self.index.index_select(0, chosen)])
+        return picks, mask[:, None], own
+
+    def _on_task(self, task: str) -> tuple[Tensor, Tensor]:
+        """A task's targets and per-sample weights on every row of the pass (zeros on rows of other tasks)."""
+        chosen, y = self.chosen[task], self.plans[task].y
+        targets = y.new_zeros((len(self.index), *self.index.shape[1:], *y.shape[1:]))
+        targets.index_copy_(0, chosen, y[self.index.index_select(0, chosen)])
+        weight = torch.zeros_like(self.weight).index_copy_(0, chosen, self.weight.index_select(0, chosen))
+        return targets, weight
 
     @classmethod
     def build(cls, clients: list[int], placed: dict[int, list[tuple[str, Tensor]]], depth: int, inputs: Inputs,
@@ -307,62 +345,38 @@ class Pass:
         """The pass of `clients`' batches at `depth` (`placed`: client -> [(task, indices)], in the setup's task
         order; `inputs`: every task's inputs concatenated, and where each task's start)."""
         every, starts = inputs
-        task_of_row = [placed[client][depth][0] for client in clients]
-        batches = [placed[client][depth][1] + starts[task] for client, task in zip(clients, task_of_row, strict=True)]
+        row_tasks = [placed[client][depth][0] for client in clients]
+        batches = [placed[client][depth][1] + starts[task] for client, task in zip(clients, row_tasks, strict=True)]
         index, weight = _padded(batches, next(iter(plans.values())).batch, every)
-        runs = _runs(task_of_row)  # (task, length) in row order
-        by_task: dict[str, list[int]] = {}
-        for row, task in enumerate(task_of_row):
-            by_task.setdefault(task, []).append(row)
-        targets: dict[str, tuple[list[int] | Tensor, Tensor, Tensor]] = {}
-        for task, rows in by_task.items():
-            chosen = torch.tensor(rows, device=index.device)
-            own = (index.index_select(0, chosen) - starts[task]).clamp_(min=0)  # padding points at the task's first
-            pieces = [i for i, (owner, _) in enumerate(runs) if owner == task]
-            targets[task] = (pieces if len(runs) <= MAX_RUNS else chosen, plans[task].y[own],
-                             weight.index_select(0, chosen))
-        lengths = [length for _, length in runs] if len(runs) <= MAX_RUNS else None
-        rows_tensor = None if depth == 0 else torch.tensor(clients, device=index.device)
-        return cls(rows_tensor, every[index], lengths, targets, plans)
+        own = (index - torch.tensor([starts[task] for task in row_tasks], device=index.device)[:, None]).clamp_(min=0)
+        rows = None if depth == 0 else torch.tensor(clients, device=index.device)
+        return cls(rows, every[index], row_tasks, (own, weight), plans)
 
     def losses(self, template: nn.Module, params: Mapping[str, Tensor]) -> StepLosses:
-        def used(keys: list[str]) -> dict[str, Tensor]:
-            return {k: params[k] if self.rows is None else params[k].index_select(0, self.rows) for k in keys}
+        def used(key: str) -> Tensor:
+            return params[key] if self.rows is None else params[key].index_select(0, self.rows)
 
-        body = plain_chain(template, next(iter(self.targets)))[:-1]  # type: ignore[index]
-        features = _run_chain(body, used(_chain_keys(body)), self.x)
-        positions = torch.arange(len(self.x), device=self.x.device)
+        body = plain_chain(template, self.tasks[0])[:-1]  # type: ignore[index]
+        features = _run_chain(body, {k: used(k) for k in _chain_keys(body)}, self.x)
+        heads = [f"heads.{task}" for task in self.tasks]
+        weight = torch.cat([used(f"{head}.weight") for head in heads], dim=1)
+        bias = torch.cat([used(f"{head}.bias") for head in heads], dim=1)
+        outputs = torch.baddbmm(bias.unsqueeze(1), features, weight.transpose(1, 2))
+        rows = torch.arange(len(self.x), device=self.x.device) if self.rows is None else self.rows
+        if self.picks is not None:
+            picks, mask, own = self.picks
+            logits = outputs.gather(2, picks[:, None, :].expand(-1, outputs.shape[1], -1)) + mask
+            per_sample = nn.functional.cross_entropy(logits.flatten(0, 1), own.flatten(), reduction="none")
+            return [(self.columns, rows, (per_sample.view(own.shape) * self.weight).sum(dim=1))]
         losses = []
-        for task, (pieces, y, weight) in self.targets.items():
-            head = plain_chain(template, task)[-1:]  # type: ignore[index]
-            head_params = {k: self._take(v, pieces) for k, v in used(_chain_keys(head)).items()}
-            outputs = _run_chain(head, head_params, self._take(features, pieces))
-            per_sample = self.plans[task].sample_loss(outputs.flatten(0, 1), y.flatten(0, 1)).view(weight.shape)
-            rows = self._take(positions, pieces)
-            losses.append((task, rows if self.rows is None else self.rows[rows], (per_sample * weight).sum(dim=1)))
+        for task, task_outputs in zip(self.tasks, outputs.split(self.sizes, dim=2), strict=True):
+            y, on_task = self._on_task(task)
+            per_sample = self.plans[task].sample_loss(task_outputs.flatten(0, 1), y.flatten(0, 1))
+            losses.append((self.columns, rows, (per_sample.view(on_task.shape) * on_task).sum(dim=1)))
         return losses
-
-    def _take(self, tensor: Tensor, pieces: list[int] | Tensor) -> Tensor:
-        """The rows of one task: its pieces of a split along the runs, or a gather."""
-        if isinstance(pieces, Tensor):
-            return tensor.index_select(0, pieces)
-        parts = tensor.split(self.runs)  # type: ignore[arg-type]
-        return parts[pieces[0]] if len(pieces) == 1 else torch.cat([parts[i] for i in pieces])
 
 
 Inputs = tuple[Tensor, dict[str, int]]  # every task's inputs concatenated, and the row where each task's start
-MAX_RUNS = 16  # beyond this many runs of one task in a pass, a gather per task is cheaper than splits
-
-
-def _runs(task_of_row: list[str]) -> list[tuple[str, int]]:
-    """(task, length) of each maximal run of rows of one task, in row order."""
-    runs: list[tuple[str, int]] = []
-    for task in task_of_row:
-        if runs and runs[-1][0] == task:
-            runs[-1] = (task, runs[-1][1] + 1)
-        else:
-            runs.append((task, 1))
-    return runs
 
 
 def _passes(template: nn.Module, plans: Mapping[str, TaskPlan], params: Mapping[str, Tensor],
@@ -392,14 +406,18 @@ Chain = list[tuple[str, nn.Module]]
 
 def plain_chain(template: nn.Module, task: str) -> Chain | None:
     """A task's forward pass as (parameter prefix, layer) steps when it is a chain of linear, ReLU and flatten
-    layers (an MLP backbone and a linear head), which run as batched matrix products without `vmap`'s tracing."""
+    layers (an MLP backbone and a linear head with a bias), which run as batched matrix products without `vmap`'s
+    tracing."""
     from manytask.models.backbones import MLP
     from manytask.models.multitask import MultiTaskModel
 
     if not isinstance(template, MultiTaskModel) or type(template.backbone) is not MLP or task in template.dense:
         return None
+    head = template.heads[task]
+    if not isinstance(head, nn.Linear) or head.bias is None:
+        return None
     chain = [(f"backbone.layers.{name}", m) for name, m in template.backbone.layers.named_children()]
-    chain.append((f"heads.{task}", template.heads[task]))
+    chain.append((f"heads.{task}", head))
     return chain if all(isinstance(m, nn.Linear | nn.ReLU | nn.Flatten) for _, m in chain) else None
 
 
