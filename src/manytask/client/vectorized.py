@@ -223,8 +223,9 @@ def _padded(batches: list[Tensor], batch: int, like: Tensor) -> tuple[Tensor, Te
     if not batches:
         return (torch.zeros(0, batch, dtype=torch.long, device=like.device),
                 torch.zeros(0, batch, dtype=dtype, device=like.device))
-    index = nn.functional.pad(pad_sequence(batches, batch_first=True), (0, batch - max(len(b) for b in batches)))
-    counts = torch.tensor([len(b) for b in batches])[:, None].to(dtype)
+    lengths = [b.shape[0] for b in batches]
+    index = nn.functional.pad(pad_sequence(batches, batch_first=True), (0, batch - max(lengths)))
+    counts = torch.tensor(lengths)[:, None].to(dtype)
     weight = (torch.arange(batch) < counts).to(dtype) / counts
     return index.to(like.device), weight.to(like.device)
 
@@ -292,18 +293,18 @@ def step_losses(
 
 
 class Pass:
-    """One step's pass over a plain chain (`plain_chain`): pass j holds the j-th batch (of the tasks a client holds,
-    in the setup's task order) of every client still training that holds more than j tasks. Pass 0 holds every such
-    client in stack order, so it runs on the stack's prefix itself: no gather of parameters, no scatter of their
-    gradients. Later passes are small and gather their rows. The shared layers run once per row; the heads of the
-    pass's tasks run as one merged head (their weights concatenated along the outputs). Each row's loss is then
-    taken on its own task's outputs: for classification, one cross-entropy over every row, its own task's logits
-    picked out and the others' masked to −∞; otherwise each task's loss on its slice, weighted to zero on the rows
-    of other tasks."""
+    """One step over a plain chain (`plain_chain`), as one batched pass. Its first rows are every client still
+    training, in stack order, each with its first task's batch: they run on the stack's prefix itself, with no
+    gather of parameters and no scatter of their gradients. The batches of the clients' further tasks follow as
+    extra rows, whose parameters are gathered (few clients hold several tasks). The shared layers run once per row;
+    the heads of the step's tasks run as one merged head (their weights concatenated along the outputs). Each row's
+    loss is then taken on its own task's outputs: for classification, one cross-entropy over every row, its own
+    task's logits picked out and the others' masked to −∞; otherwise each task's loss on its slice, weighted to zero
+    on the rows of other tasks."""
 
-    def __init__(self, rows: Tensor | None, x: Tensor, row_tasks: list[str], batches: tuple[Tensor, Tensor],
-                 plans: Mapping[str, TaskPlan]) -> None:
-        self.rows, self.x, self.plans = rows, x, plans
+    def __init__(self, extra: Tensor | None, clients: Tensor, x: Tensor, row_tasks: list[str],
+                 batches: tuple[Tensor, Tensor], plans: Mapping[str, TaskPlan]) -> None:
+        self.extra, self.clients, self.x, self.plans = extra, clients, x, plans
         self.tasks = [task for task in plans if task in set(row_tasks)]  # the merged head's order
         self.sizes = [plans[task].outputs for task in self.tasks]
         device = x.device
@@ -340,21 +341,25 @@ class Pass:
         return targets, weight
 
     @classmethod
-    def build(cls, clients: list[int], placed: dict[int, list[tuple[str, Tensor]]], depth: int, inputs: Inputs,
-              plans: Mapping[str, TaskPlan]) -> Pass:
-        """The pass of `clients`' batches at `depth` (`placed`: client -> [(task, indices)], in the setup's task
-        order; `inputs`: every task's inputs concatenated, and where each task's start)."""
+    def build(cls, batches: list[tuple[int, str, Tensor]], inputs: Inputs, plans: Mapping[str, TaskPlan]) -> Pass:
+        """The pass of `batches`, (client, task, indices) per row: first every client still training, in stack
+        order, with its first task's batch, then the batches of its further tasks (`inputs`: every task's inputs
+        concatenated, and where each task's start)."""
         every, starts = inputs
-        row_tasks = [placed[client][depth][0] for client in clients]
-        batches = [placed[client][depth][1] + starts[task] for client, task in zip(clients, row_tasks, strict=True)]
-        index, weight = _padded(batches, next(iter(plans.values())).batch, every)
+        clients = [client for client, _, _ in batches]
+        row_tasks = [task for _, task, _ in batches]
+        index, weight = _padded([chosen + starts[task] for _, task, chosen in batches],
+                                next(iter(plans.values())).batch, every)
         own = (index - torch.tensor([starts[task] for task in row_tasks], device=index.device)[:, None]).clamp_(min=0)
-        rows = None if depth == 0 else torch.tensor(clients, device=index.device)
-        return cls(rows, every[index], row_tasks, (own, weight), plans)
+        prefix = next((row for row, client in enumerate(clients) if client != row), len(clients))
+        extra = torch.tensor(clients[prefix:], device=index.device) if prefix < len(clients) else None
+        return cls(extra, torch.tensor(clients, device=index.device), every[index], row_tasks, (own, weight), plans)
 
     def losses(self, template: nn.Module, params: Mapping[str, Tensor]) -> StepLosses:
         def used(key: str) -> Tensor:
-            return params[key] if self.rows is None else params[key].index_select(0, self.rows)
+            if self.extra is None:
+                return params[key]
+            return torch.cat([params[key], params[key].index_select(0, self.extra)])
 
         body = plain_chain(template, self.tasks[0])[:-1]  # type: ignore[index]
         features = _run_chain(body, {k: used(k) for k in _chain_keys(body)}, self.x)
@@ -362,7 +367,7 @@ class Pass:
         weight = torch.cat([used(f"{head}.weight") for head in heads], dim=1)
         bias = torch.cat([used(f"{head}.bias") for head in heads], dim=1)
         outputs = torch.baddbmm(bias.unsqueeze(1), features, weight.transpose(1, 2))
-        rows = torch.arange(len(self.x), device=self.x.device) if self.rows is None else self.rows
+        rows = self.clients
         if self.picks is not None:
             picks, mask, own = self.picks
             logits = outputs.gather(2, picks[:, None, :].expand(-1, outputs.shape[1], -1)) + mask
@@ -396,8 +401,8 @@ def _passes(template: nn.Module, plans: Mapping[str, TaskPlan], params: Mapping[
                 placed.setdefault(client, []).append((task, chosen))
         clients = sorted(placed)
         depths = max(len(batches) for batches in placed.values())
-        passes.append([Pass.build([c for c in clients if len(placed[c]) > depth], placed, depth, inputs, plans)
-                       for depth in range(depths)])
+        rows = [(c, *placed[c][depth]) for depth in range(depths) for c in clients if len(placed[c]) > depth]
+        passes.append([Pass.build(rows, inputs, plans)])
     return passes
 
 
