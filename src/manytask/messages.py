@@ -100,7 +100,9 @@ def decode(data: bytes) -> Message:
         arrays[entry["name"]] = _array_from_bytes(raw, dtype, tuple(entry["shape"]))
     if offset != len(data):
         raise ValueError("corrupt message: trailing bytes after the last array")
-    return Message(arrays, header["scalars"])
+    message = Message.__new__(Message)  # the arrays are checked and contiguous already: no second conversion
+    message.arrays, message.scalars = arrays, header["scalars"]
+    return message
 
 
 def _array_from_bytes(raw: bytes | memoryview, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
