@@ -62,16 +62,16 @@ class ProcessPoolTransport:
         self.pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start_worker,
                                         initargs=(config,))
         self.states: dict[int, ClientState] = {}
+        self.work = {c: sum(tasks.values()) for c, tasks in experiment.federation.sizes().items()}
 
     def fit(self, round_index: int, payloads: Payloads, simulated_drops: set[int]) -> FitOutcome:
         outcome = FitOutcome()
+        outcome.failures.update({c: "simulated dropout" for c in payloads if c in simulated_drops})
         futures = {}
-        for client, payload in payloads.items():
-            if client in simulated_drops:
-                outcome.failures[client] = "simulated dropout"
-                continue
+        # largest clients first: idle workers take the small ones last, so the round ends with the workers level
+        for client in sorted((c for c in payloads if c not in simulated_drops), key=lambda c: -self.work.get(c, 0)):
             state = pack_state(self.states.get(client, {}))
-            futures[client] = self.pool.submit(_fit, client, round_index, payload, state)
+            futures[client] = self.pool.submit(_fit, client, round_index, payloads[client], state)
         for client, future in futures.items():
             reply, seconds, state = future.result()
             outcome.replies[client], outcome.seconds[client] = reply, seconds
