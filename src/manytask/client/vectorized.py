@@ -292,68 +292,64 @@ def step_losses(
     return losses
 
 
-class Pass:
-    """One step over a plain chain (`plain_chain`), as one batched pass. Its first rows are every client still
-    training, in stack order, each with its first task's batch: they run on the stack's prefix itself, with no
-    gather of parameters and no scatter of their gradients. The batches of the clients' further tasks follow as
-    extra rows, whose parameters are gathered (few clients hold several tasks). The shared layers run once per row;
-    the heads of the step's tasks run as one merged head (their weights concatenated along the outputs). Each row's
-    loss is then taken on its own task's outputs: for classification, one cross-entropy over every row, its own
-    task's logits picked out and the others' masked to −∞; otherwise each task's loss on its slice, weighted to zero
-    on the rows of other tasks."""
+class Round:
+    """Every step's batches of a round on a plain chain (`plain_chain`), built at once: for each row (a batch of one
+    client's task at one step), its client, its task's column, its inputs, its targets and its per-sample weights.
+    For classification, also each row's own columns of the merged head (the heads of all the round's tasks, their
+    weights concatenated along the outputs) and the −∞ mask of the padding between them."""
 
-    def __init__(self, extra: Tensor | None, clients: Tensor, x: Tensor, row_tasks: list[str],
-                 batches: tuple[Tensor, Tensor], plans: Mapping[str, TaskPlan]) -> None:
-        self.extra, self.clients, self.x, self.plans = extra, clients, x, plans
-        self.tasks = [task for task in plans if task in set(row_tasks)]  # the merged head's order
+    def __init__(self, steps: list[list[tuple[int, str, Tensor]]], inputs: Inputs, plans: Mapping[str, TaskPlan]):
+        every, starts = inputs
+        rows = [row for step in steps for row in step]
+        self.plans, self.tasks = plans, list(plans)
         self.sizes = [plans[task].outputs for task in self.tasks]
-        device = x.device
-        self.columns = torch.tensor([list(plans).index(task) for task in row_tasks], device=device)
-        self.index, self.weight = batches  # (rows, batch) into each row's task's data, and the per-sample weights
-        self.chosen = {task: torch.tensor([r for r, t in enumerate(row_tasks) if t == task], device=device)
-                       for task in self.tasks}
+        device = every.device
+        column = {task: i for i, task in enumerate(self.tasks)}
+        index, self.weight = _padded([chosen + starts[task] for _, task, chosen in rows],
+                                     next(iter(plans.values())).batch, every)
+        self.columns = torch.tensor([column[task] for _, task, _ in rows], device=device)
+        firsts = torch.tensor([starts[task] for task in self.tasks], device=device)
+        self.index = (index - firsts[self.columns][:, None]).clamp_(min=0)  # into each row's task's data
+        self.x = every[index]
+        self.clients = torch.tensor([client for client, _, _ in rows], device=device)
+        self.rows_of = {task: (self.columns == column[task]).nonzero().squeeze(1) for task in self.tasks}
         classification = all(plans[task].kind is TaskKind.CLASSIFICATION for task in self.tasks)
-        self.picks = self._picks(row_tasks) if classification else None
+        self.picks = self._picks() if classification else None
+        self.passes = []
+        begin = 0
+        for step in steps:
+            clients = [client for client, _, _ in step]
+            prefix = next((row for row, client in enumerate(clients) if client != row), len(clients))
+            self.passes.append(Pass(self, begin, begin + len(step), begin + prefix))
+            begin += len(step)
 
-    def _picks(self, row_tasks: list[str]) -> tuple[Tensor, Tensor, Tensor]:
-        """(the merged head's columns of each row's own task, padded, (rows, widest); the −∞ mask of the padding,
+    def _picks(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(each row's own columns of the merged head, padded, (rows, widest); the −∞ mask of the padding,
         (rows, 1, widest); each row's own targets, (rows, batch))."""
         device = self.x.device
-        position = {task: i for i, task in enumerate(self.tasks)}
-        own_task = torch.tensor([position[task] for task in row_tasks], device=device)
         sizes = torch.tensor(self.sizes, device=device)
-        starts = sizes.cumsum(0) - sizes
         slot = torch.arange(max(self.sizes), device=device)
-        size = sizes[own_task][:, None]
-        picks = starts[own_task][:, None] + torch.minimum(slot, size - 1)
+        size = sizes[self.columns][:, None]
+        picks = (sizes.cumsum(0) - sizes)[self.columns][:, None] + torch.minimum(slot, size - 1)
         mask = torch.zeros(picks.shape, dtype=self.weight.dtype, device=device).masked_fill_(slot >= size, -torch.inf)
         own = torch.zeros(self.index.shape, dtype=torch.long, device=device)
-        for task, chosen in self.chosen.items():
-            own.index_copy_(0, chosen, self.plans[task].y[self.index.index_select(0, chosen)])
+        for task, rows in self.rows_of.items():
+            own.index_copy_(0, rows, self.plans[task].y[self.index.index_select(0, rows)])
         return picks, mask[:, None], own
 
-    def _on_task(self, task: str) -> tuple[Tensor, Tensor]:
-        """A task's targets and per-sample weights on every row of the pass (zeros on rows of other tasks)."""
-        chosen, y = self.chosen[task], self.plans[task].y
-        targets = y.new_zeros((len(self.index), *self.index.shape[1:], *y.shape[1:]))
-        targets.index_copy_(0, chosen, y[self.index.index_select(0, chosen)])
-        weight = torch.zeros_like(self.weight).index_copy_(0, chosen, self.weight.index_select(0, chosen))
-        return targets, weight
 
-    @classmethod
-    def build(cls, batches: list[tuple[int, str, Tensor]], inputs: Inputs, plans: Mapping[str, TaskPlan]) -> Pass:
-        """The pass of `batches`, (client, task, indices) per row: first every client still training, in stack
-        order, with its first task's batch, then the batches of its further tasks (`inputs`: every task's inputs
-        concatenated, and where each task's start)."""
-        every, starts = inputs
-        clients = [client for client, _, _ in batches]
-        row_tasks = [task for _, task, _ in batches]
-        index, weight = _padded([chosen + starts[task] for _, task, chosen in batches],
-                                next(iter(plans.values())).batch, every)
-        own = (index - torch.tensor([starts[task] for task in row_tasks], device=index.device)[:, None]).clamp_(min=0)
-        prefix = next((row for row, client in enumerate(clients) if client != row), len(clients))
-        extra = torch.tensor(clients[prefix:], device=index.device) if prefix < len(clients) else None
-        return cls(extra, torch.tensor(clients, device=index.device), every[index], row_tasks, (own, weight), plans)
+class Pass:
+    """One step of a `Round`, as one batched pass over its rows. The first rows are every client still training, in
+    stack order, each with its first task's batch: they run on the stack's prefix itself, with no gather of
+    parameters and no scatter of their gradients. The batches of the clients' further tasks follow as extra rows,
+    whose parameters are gathered (few clients hold several tasks). The shared layers run once per row, then the
+    merged head. Each row's loss is taken on its own task's outputs: for classification, one cross-entropy over every
+    row, its own task's logits picked out and the others' masked to −∞; otherwise each task's loss on its slice,
+    weighted to zero on the rows of other tasks."""
+
+    def __init__(self, round_: Round, begin: int, end: int, extra_from: int) -> None:
+        self.round, self.rows = round_, slice(begin, end)
+        self.extra = round_.clients[extra_from:end] if extra_from < end else None
 
     def losses(self, template: nn.Module, params: Mapping[str, Tensor]) -> StepLosses:
         def used(key: str) -> Tensor:
@@ -361,23 +357,27 @@ class Pass:
                 return params[key]
             return torch.cat([params[key], params[key].index_select(0, self.extra)])
 
-        body = plain_chain(template, self.tasks[0])[:-1]  # type: ignore[index]
-        features = _run_chain(body, {k: used(k) for k in _chain_keys(body)}, self.x)
-        heads = [f"heads.{task}" for task in self.tasks]
+        batches, rows = self.round, self.rows
+        body = plain_chain(template, batches.tasks[0])[:-1]  # type: ignore[index]
+        features = _run_chain(body, {k: used(k) for k in _chain_keys(body)}, batches.x[rows])
+        heads = [f"heads.{task}" for task in batches.tasks]
         weight = torch.cat([used(f"{head}.weight") for head in heads], dim=1)
         bias = torch.cat([used(f"{head}.bias") for head in heads], dim=1)
         outputs = torch.baddbmm(bias.unsqueeze(1), features, weight.transpose(1, 2))
-        rows = self.clients
-        if self.picks is not None:
-            picks, mask, own = self.picks
+        clients, columns, sample_weight = batches.clients[rows], batches.columns[rows], batches.weight[rows]
+        if batches.picks is not None:
+            picks, mask, own = (part[rows] for part in batches.picks)
             logits = outputs.gather(2, picks[:, None, :].expand(-1, outputs.shape[1], -1)) + mask
             per_sample = nn.functional.cross_entropy(logits.flatten(0, 1), own.flatten(), reduction="none")
-            return [(self.columns, rows, (per_sample.view(own.shape) * self.weight).sum(dim=1))]
+            return [(columns, clients, (per_sample.view(own.shape) * sample_weight).sum(dim=1))]
         losses = []
-        for task, task_outputs in zip(self.tasks, outputs.split(self.sizes, dim=2), strict=True):
-            y, on_task = self._on_task(task)
-            per_sample = self.plans[task].sample_loss(task_outputs.flatten(0, 1), y.flatten(0, 1))
-            losses.append((self.columns, rows, (per_sample.view(on_task.shape) * on_task).sum(dim=1)))
+        for column, (task, task_outputs) in enumerate(zip(batches.tasks, outputs.split(batches.sizes, dim=2),
+                                                          strict=True)):
+            on_task = columns == column
+            y = batches.plans[task].y[batches.index[rows].masked_fill(~on_task[:, None], 0)]
+            per_sample = batches.plans[task].sample_loss(task_outputs.flatten(0, 1), y.flatten(0, 1))
+            row_weight = sample_weight * on_task[:, None]
+            losses.append((columns, clients, (per_sample.view(row_weight.shape) * row_weight).sum(dim=1)))
         return losses
 
 
@@ -386,14 +386,14 @@ Inputs = tuple[Tensor, dict[str, int]]  # every task's inputs concatenated, and 
 
 def _passes(template: nn.Module, plans: Mapping[str, TaskPlan], params: Mapping[str, Tensor],
             steps: list[int]) -> list[list[Pass]] | None:
-    """Every step's passes when every task's forward pass is a plain chain over trained parameters, else None."""
+    """Every step's pass when every task's forward pass is a plain chain over trained parameters, else None."""
     chains = [plain_chain(template, task) for task in plans]
     if not all(chain is not None and all(k in params for k in _chain_keys(chain)) for chain in chains):
         return None
     sizes = [len(plan.x) for plan in plans.values()]
     inputs = (torch.cat([plan.x for plan in plans.values()]),
               dict(zip(plans, torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist(), strict=True)))
-    passes = []
+    rows = []
     for step in range(steps[0]):
         placed: dict[int, list[tuple[str, Tensor]]] = {}
         for task, plan in plans.items():  # the setup's task order
@@ -401,9 +401,8 @@ def _passes(template: nn.Module, plans: Mapping[str, TaskPlan], params: Mapping[
                 placed.setdefault(client, []).append((task, chosen))
         clients = sorted(placed)
         depths = max(len(batches) for batches in placed.values())
-        rows = [(c, *placed[c][depth]) for depth in range(depths) for c in clients if len(placed[c]) > depth]
-        passes.append([Pass.build(rows, inputs, plans)])
-    return passes
+        rows.append([(c, *placed[c][depth]) for depth in range(depths) for c in clients if len(placed[c]) > depth])
+    return [[step] for step in Round(rows, inputs, plans).passes]
 
 
 Chain = list[tuple[str, nn.Module]]
