@@ -11,6 +11,7 @@ so one step moves the shared backbone for all its tasks at once. Methods extend 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -79,7 +80,7 @@ class TrainHook:
         """Runs after each optimizer step."""
 
 
-class ParameterTerm(TrainHook):
+class ParameterTerm(TrainHook, ABC):
     """A hook whose only effect is a loss term on the parameters alone, built from one operand tensor per parameter
     it covers (FedProx's anchor θ_global, FedDyn's gradient g). Clients whose hooks are all parameter terms train
     vectorized (`client/vectorized.py`): their operands are stacked, and `batched_loss` evaluates the term of every
@@ -87,12 +88,12 @@ class ParameterTerm(TrainHook):
 
     operands: dict[str, Tensor]  # parameter name -> this client's operand
 
+    @abstractmethod
     def batched_loss(
         self, params: Mapping[str, Tensor], operands: Mapping[str, Tensor], present: Mapping[str, Tensor]
     ) -> Tensor:
         """The sum over clients of this term: `params` and `operands` are stacked over clients, (C, ...), and
         `present[k]` is 1 for the clients whose term covers k, 0 for the others (broadcastable against them)."""
-        raise NotImplementedError
 
 
 LossCombiner = Callable[[StepContext], Tensor]

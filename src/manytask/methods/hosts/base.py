@@ -337,7 +337,7 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         self.global_state = self.initial_state()
         self.parts: dict[str, dict[str, Tensor]] = {}  # named server state beyond the global model
         self.sent: dict[int, dict[str, Tensor]] = {}  # this round's payloads: the references of the replies
-        self.payloads: dict[frozenset[str], Message] = {}  # this round's payload per task set
+        self.payloads: dict[frozenset[str], Message] = {}  # payload per task set, until the model changes
 
     def initial_state(self) -> dict[str, Tensor]:
         """The global model before round 1; in role form (`Setup.common_start`) when every client shares one
@@ -397,6 +397,7 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         if adjust is not None:
             updates = adjust(round_index, updates)
         log = self.aggregate_updates(round_index, updates)
+        self.payloads = {}  # built from the model before this round
         return {**mean_train_losses(list(received.values())), **log}
 
     def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
@@ -435,6 +436,7 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         return state
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self.payloads = {}
         self.global_state = {k: v.clone() for k, v in state.items() if not k.startswith(PART_PREFIX)}
         self.parts = {part: {} for part in self.parts}
         for key, value in state.items():
