@@ -153,12 +153,7 @@ def load_state(model: nn.Module, state: Mapping[str, Tensor]) -> list[str]:
         for key, value in plain.items():
             target = named.loadable.get(key)
             if target is not None:
-                if target.dim() == 0 and value.shape == (1,):
-                    value = value[0]  # load_state_dict's rule for scalars stored as one-element vectors
-                if target.shape != value.shape:
-                    raise RuntimeError(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)}, "
-                                       f"the shape in the current model is {tuple(target.shape)}.")
-                target.copy_(value)
+                target.copy_(_fitted(key, target, value))
     return unexpected
 
 
@@ -171,15 +166,20 @@ def merged_state(base: Mapping[str, Tensor], *states: Mapping[str, Tensor]) -> d
         for key, value in state.items():
             key = key.removeprefix(BUFFER_PREFIX)
             target = merged.get(key)
-            if target is None:
-                continue
-            if target.dim() == 0 and value.shape == (1,):
-                value = value[0]
-            if target.shape != value.shape:
-                raise RuntimeError(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)}, "
-                                   f"the shape in the current model is {tuple(target.shape)}.")
-            merged[key] = value.to(dtype=target.dtype, device=target.device)
+            if target is not None:
+                merged[key] = _fitted(key, target, value).to(dtype=target.dtype, device=target.device)
     return merged
+
+
+def _fitted(key: str, target: Tensor, value: Tensor) -> Tensor:
+    """`value` as `load_state_dict` would copy it into `target`: a one-element vector fills a scalar (its rule for
+    scalars stored that way), any other shape mismatch is an error."""
+    if target.dim() == 0 and value.shape == (1,):
+        value = value[0]
+    if target.shape != value.shape:
+        raise RuntimeError(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)}, "
+                           f"the shape in the current model is {tuple(target.shape)}.")
+    return value
 
 
 def build_model(
