@@ -72,11 +72,16 @@ class Pass:
         self.round, self.rows = round_, slice(begin, end)
         self.extra = round_.clients[extra_from:end] if extra_from < end else None
 
-    def losses(self, template: nn.Module, params: Mapping[str, Tensor]) -> StepLosses:
+    def losses(self, template: nn.Module, params: Mapping[str, Tensor], gathered: Gathered) -> StepLosses:
+        """The pass's losses; the extra rows' parameters are gathered into new leaves, appended to `gathered` as
+        (name, stack rows, leaf), whose gradients the caller adds to the stack's rows: cheaper than differentiating
+        through the gather, which zero-fills a gradient of the whole prefix for every parameter."""
         def used(key: str) -> Tensor:
             if self.extra is None:
                 return params[key]
-            return torch.cat([params[key], params[key].index_select(0, self.extra)])
+            leaf = params[key].detach().index_select(0, self.extra).requires_grad_()
+            gathered.append((key, self.extra, leaf))
+            return torch.cat([params[key], leaf])
 
         batches, rows = self.round, self.rows
         body = plain_chain(template, batches.tasks[0])[:-1]  # type: ignore[index]
@@ -102,6 +107,7 @@ class Pass:
         return losses
 
 
+Gathered = list[tuple[str, Tensor, Tensor]]  # (parameter name, the stack rows gathered, the leaf holding them)
 Inputs = tuple[Tensor, dict[str, int]]  # every task's inputs concatenated, and the row where each task's start
 
 

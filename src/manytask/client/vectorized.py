@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from manytask.client.batch_plans import SAMPLE_LOSSES, StepLosses, TaskPlan, batch_plans
-from manytask.client.plain_chain import Pass, chain_passes
+from manytask.client.plain_chain import Gathered, Pass, chain_passes
 from manytask.client.trainer import ParameterTerm, TaskData, Trainer, TrainReport
 from manytask.models.multitask import task_of_key
 from manytask.tasks.task import TaskSpec
@@ -113,16 +113,21 @@ def train_vectorized(
     for step in range(steps[0]):
         active = sum(count > step for count in steps)
         live = {n: p[:active].detach().requires_grad_() for n, p in params.items()}  # views of the prefix
-        losses = step_losses(template, plans, live, step, passes)
+        gathered: Gathered = []
+        losses = step_losses(template, plans, live, step, passes, gathered)
         loss = torch.stack([row_loss.sum() for _, _, row_loss in losses]).sum()
         for term in terms:
             loss = loss + term(live, active)
-        grads = torch.autograd.grad(loss, [live[n] for n in names], allow_unused=True, materialize_grads=True)
+        grads = list(torch.autograd.grad(loss, [live[n] for n in names] + [leaf for _, _, leaf in gathered],
+                                         allow_unused=True, materialize_grads=True))
         with torch.no_grad():
+            for (name, rows, _), grad in zip(gathered, grads[len(names):], strict=True):
+                grads[names.index(name)].index_add_(0, rows, grad)
+            grads = grads[: len(names)]
             for columns, rows, row_loss in losses:
                 totals.index_put_((rows, columns), row_loss.detach().double(), accumulate=True)
             masks = [None if trains[n] is None else trains[n][:active] for n in names]
-            buffers = _sgd_step([live[n] for n in names], list(grads), buffers, masks, config.momentum,
+            buffers = _sgd_step([live[n] for n in names], grads, buffers, masks, config.momentum,
                                 config.weight_decay, lr)
     return _results(jobs, order, params, list(plans), totals, steps)
 
@@ -207,15 +212,16 @@ def _closure(term: ParameterTerm, operands: dict[str, Tensor], present: dict[str
 
 def step_losses(
     template: nn.Module, plans: Mapping[str, TaskPlan], params: Mapping[str, Tensor], step: int,
-    passes: list[list[Pass]] | None,
+    passes: list[list[Pass]] | None, gathered: Gathered,
 ) -> StepLosses:
     """Every (task column, client row, mean loss) of the batches at `step`, as three aligned tensors: through the
-    passes of a plain chain when there are any, else each task through `vmap` on the rows that take a batch of it."""
+    passes of a plain chain when there are any (their gathered leaves appended to `gathered`), else each task through
+    `vmap` on the rows that take a batch of it."""
     if passes is None:
         return [(torch.full_like(rows, column), rows, row_loss)
                 for column, plan in enumerate(plans.values()) if plan.live(step)
                 for rows, row_loss in [plan.losses(template, params, step)]]
     losses = []
     for batch in passes[step]:
-        losses.extend(batch.losses(template, params))
+        losses.extend(batch.losses(template, params, gathered))
     return losses

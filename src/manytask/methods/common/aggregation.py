@@ -34,7 +34,11 @@ def weighted_average(
         for key, value in update.items():
             w = weight[key]
             term = _weighted(value, w)
-            sums[key] = sums[key] + term if key in sums else term
+            total = sums.get(key)
+            if total is not None and total.shape == term.shape:
+                total.add_(term)  # the sum owns its first term (`_weighted` returns a new tensor): no allocation
+            else:
+                sums[key] = term if total is None else total + term
             totals[key] = totals.get(key, 0.0) + w
             dtypes[key] = value.dtype
     return {k: (sums[k] / totals[k]).to(dtypes[k]) for k in sums if _positive(k, totals[k])}
