@@ -5,6 +5,12 @@ class ManytaskError(Exception):
     """A problem with the user's input (config, paths, choices). The CLI prints it without a traceback."""
 
 
+def clipped(value: object, limit: int = 60) -> str:
+    """`value` as text for an error message, cut to `limit` characters: errors never echo unbounded input."""
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def unknown_choice(what: str, given: str, choices: list[str] | tuple[str, ...]) -> ManytaskError:
     """Build the standard 'unknown X' error listing the valid choices."""
     listed = ", ".join(sorted(choices))

@@ -12,18 +12,23 @@ packed to one bit per entry with `numpy.packbits`, so a mask of d entries costs 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from manytask.errors import clipped
+
 MAGIC = b"MTK1"
 Scalar = int | float | str | bool
 _DTYPES = {"float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"}
 _BY_NAME = {name: np.dtype(name) for name in _DTYPES}  # parsed once: `np.frombuffer` would parse a name per array
+_BOOL = _BY_NAME["bool"]
 _NAMES = {dtype: name for name, dtype in _BY_NAME.items()}  # a dict hit instead of `dtype.name`, a slow property
 _HEADER = json.JSONEncoder(separators=(",", ":"))  # what `json.dumps(..., separators=...)` builds on every call
 
@@ -62,6 +67,8 @@ def _to_numpy(value: np.ndarray | Tensor) -> np.ndarray:
     array = _tensor_to_numpy(value) if isinstance(value, Tensor) else np.asarray(value)
     if _dtype_name(array.dtype) not in _DTYPES:
         raise TypeError(f"array dtype {array.dtype} cannot be sent; use one of {sorted(_DTYPES)}")
+    if array.dtype.str[0] == ">":  # the wire is little-endian: a big-endian array is converted, not mislabelled
+        array = array.astype(array.dtype.newbyteorder("<"))
     return np.ascontiguousarray(array)
 
 
@@ -85,30 +92,112 @@ def encode(message: Message) -> bytes:
     return b"".join([MAGIC, struct.pack("<I", len(header)), header, *payloads])
 
 
+class MessageError(ValueError):
+    """Bytes that are not a well-formed manytask message: the one error `decode` raises for anything malformed."""
+
+
+MAX_MESSAGE_BYTES = 1 << 32  # 4 GiB: a model larger than this does not travel as one message
+MAX_HEADER_BYTES = 16 << 20  # a header lists arrays and scalars: 16 MiB is about 150 000 arrays
+MAX_DIMS = 32
+_ENTRY_KEYS = {"name", "dtype", "shape", "nbytes"}
+_SCALAR_TYPES = {int, float, str, bool}  # what JSON parses a flat value into
+
+
 def decode(data: bytes) -> Message:
-    """Inverse of `encode`; rejects anything that is not a well-formed manytask message."""
-    if data[:4] != MAGIC:
-        raise ValueError("not a manytask message (bad magic bytes)")
+    """Inverse of `encode`, safe on untrusted bytes: raises `MessageError`, and nothing else, for anything that is
+    not a well-formed manytask message. Every size the header declares is checked against the bytes present before
+    anything is allocated, so decoding costs at most the message's size in arrays (eight times a packed mask's
+    bytes, one byte per entry) plus the parsed header."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise MessageError(f"a message is bytes, not {type(data).__name__}")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise MessageError(f"message of {len(data)} bytes exceeds the maximum of {MAX_MESSAGE_BYTES}")
+    if len(data) < 8 or bytes(data[:4]) != MAGIC:
+        raise MessageError("not a manytask message (bad magic bytes)")
     (header_len,) = struct.unpack("<I", data[4:8])
-    header = json.loads(data[8 : 8 + header_len])
+    if header_len > min(MAX_HEADER_BYTES, len(data) - 8):
+        raise MessageError(f"corrupt message: header of {header_len} bytes in a message of {len(data)}")
+    entries, scalars = _parse_header(bytes(data[8 : 8 + header_len]))
     offset, arrays, view = 8 + header_len, {}, memoryview(data)
-    for entry in header["arrays"]:
-        raw = view[offset : offset + entry["nbytes"]]  # a view: each array is copied once, into its own buffer
-        if len(raw) != entry["nbytes"] or (dtype := _BY_NAME.get(entry["dtype"])) is None:
-            raise ValueError(f"corrupt message: array '{entry['name']}' is truncated or has a bad dtype")
-        offset += entry["nbytes"]
-        arrays[entry["name"]] = _array_from_bytes(raw, dtype, tuple(entry["shape"]))
+    for name, dtype, shape, nbytes in entries:
+        if offset + nbytes > len(data):
+            raise MessageError(f"corrupt message: array '{clipped(name)}' is truncated")
+        arrays[name] = _array_from_bytes(view[offset : offset + nbytes], dtype, shape)  # copied once, from a view
+        offset += nbytes
     if offset != len(data):
-        raise ValueError("corrupt message: trailing bytes after the last array")
+        raise MessageError("corrupt message: trailing bytes after the last array")
     message = Message.__new__(Message)  # the arrays are checked and contiguous already: no second conversion
-    message.arrays, message.scalars = arrays, header["scalars"]
+    message.arrays, message.scalars = arrays, scalars
     return message
 
 
+Entry = tuple[str, np.dtype, tuple[int, ...], int]
+
+
+def _parse_header(raw: bytes) -> tuple[tuple[Entry, ...], dict[str, Scalar]]:
+    """The header's array entries (name, dtype, shape, byte count) and its scalars, each checked: known keys only,
+    names unique, dtypes from the wire's list, shapes of non-negative ints whose byte count is exactly the one
+    declared (⌈n/8⌉ for a packed mask), scalars flat. Small headers are parsed once (a round sends the same payload
+    to many clients); the cache is bounded by `_CACHED_HEADERS` × `_CACHED_HEADER_BYTES`."""
+    if len(raw) > _CACHED_HEADER_BYTES:
+        return _checked_header(raw)
+    entries, scalars = _cached_header(raw)
+    return entries, dict(scalars)  # the caller owns its scalars
+
+
+_CACHED_HEADERS, _CACHED_HEADER_BYTES = 32, 16 << 10
+
+
+def _checked_header(raw: bytes) -> tuple[tuple[Entry, ...], dict[str, Scalar]]:
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as err:  # bad UTF-8 or JSON; nesting deep enough to exhaust the stack
+        raise MessageError(f"corrupt message: the header is not JSON ({type(err).__name__})") from None
+    if not isinstance(header, dict) or set(header) != {"arrays", "scalars"}:
+        raise MessageError("corrupt message: the header must hold exactly 'arrays' and 'scalars'")
+    arrays, scalars = header["arrays"], header["scalars"]
+    if not isinstance(arrays, list) or not isinstance(scalars, dict):
+        raise MessageError("corrupt message: 'arrays' must be a list and 'scalars' an object")
+    for key, value in scalars.items():
+        if type(value) not in _SCALAR_TYPES:
+            raise MessageError(f"corrupt message: scalar '{clipped(key)}' is not a number, string or boolean")
+    entries = tuple(_entry(entry) for entry in arrays)
+    if len({name for name, *_ in entries}) != len(entries):
+        raise MessageError("corrupt message: two arrays share a name")
+    return entries, scalars
+
+
+@lru_cache(maxsize=_CACHED_HEADERS)
+def _cached_header(raw: bytes) -> tuple[tuple[Entry, ...], dict[str, Scalar]]:
+    return _checked_header(raw)  # its scalars are shared by every hit: `_parse_header` hands out copies
+
+
+def _entry(entry: object) -> Entry:
+    """One array entry, checked (written for speed: every payload and reply of a round passes here)."""
+    if type(entry) is not dict or entry.keys() != _ENTRY_KEYS:
+        raise MessageError(f"corrupt message: an array entry must hold exactly {sorted(_ENTRY_KEYS)}")
+    name, dtype, shape, nbytes = entry["name"], entry["dtype"], entry["shape"], entry["nbytes"]
+    dtype = _BY_NAME.get(dtype) if type(dtype) is str else None
+    if type(name) is not str:
+        raise MessageError("corrupt message: an array's name must be a string")
+    if dtype is None:
+        raise MessageError(f"corrupt message: array '{clipped(name)}' has an unknown dtype")
+    if type(shape) is not list or len(shape) > MAX_DIMS:
+        raise MessageError(f"corrupt message: array '{clipped(name)}' has a bad shape")
+    count = 1
+    for size in shape:
+        if type(size) is not int or size < 0:
+            raise MessageError(f"corrupt message: array '{clipped(name)}' has a bad shape")
+        count *= size
+    expected = (count + 7) // 8 if dtype is _BOOL else count * dtype.itemsize
+    if type(nbytes) is not int or nbytes != expected:
+        raise MessageError(f"corrupt message: array '{clipped(name)}' declares {clipped(nbytes)} bytes for its shape")
+    return name, dtype, tuple(shape), nbytes
+
+
 def _array_from_bytes(raw: bytes | memoryview, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    if dtype == np.bool_:  # only a mask needs its entry count (to drop the padding bits); np.prod is slow
-        flat = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=int(np.prod(shape, dtype=np.int64)))
-        flat = flat.astype(np.bool_)
+    if dtype is _BOOL:  # only a mask needs its entry count (to drop the padding bits)
+        flat = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=math.prod(shape)).view(np.bool_)
     else:
         flat = np.frombuffer(raw, dtype=dtype).copy()
     return flat.reshape(shape)
