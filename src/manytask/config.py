@@ -8,6 +8,7 @@ Named components (method, benchmark, model backbone) are written either as a bar
 from __future__ import annotations
 
 import copy
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -16,22 +17,31 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from manytask.client.trainer import TrainConfig
-from manytask.errors import ManytaskError
+from manytask.errors import ManytaskError, clipped
+from manytask.input_limits import load_limited, read_config_text, shown_path
 from manytask.registry import Params
 
 Named = dict[str, Any]
 
+MAX_NAME = 60  # registered names are short; a longer one is a mistake (and is never echoed whole)
+MAX_CLIENTS = 1_000_000  # the client table alone would take gigabytes beyond this
+MAX_WIDTH = 65_536  # one layer's width (features or channels); wider layers do not fit in memory next to others
+WIDTH_KEYS = ("hidden", "channels", "width", "hidden_size", "intermediate_size", "embed_dim")
+MAX_THREADS = 1024
+MAX_KEY_PARTS = 16
+
 
 def _named(value: Any, key: str) -> Named:
-    if isinstance(value, str):
-        return {key: value}
-    if isinstance(value, dict) and isinstance(value.get(key), str):
-        return dict(value)
-    raise ValueError(f"expected a name or a mapping with a '{key}' entry")
+    name = value if isinstance(value, str) else value.get(key) if isinstance(value, dict) else None
+    if not isinstance(name, str):
+        raise ValueError(f"expected a name or a mapping with a '{key}' entry")
+    if not name or len(name) > MAX_NAME:
+        raise ValueError(f"expected a name of 1 to {MAX_NAME} characters")
+    return {key: value} if isinstance(value, str) else dict(value)
 
 
 class FederationConfig(Params):
-    num_clients: int = Field(default=10, ge=1)
+    num_clients: int = Field(default=10, ge=1, le=MAX_CLIENTS)
     tasks: dict[str, Any] = Field(default_factory=lambda: {"kind": "one-per-client"})
     samples: dict[str, Any] = Field(default_factory=lambda: {"kind": "iid"})
 
@@ -55,7 +65,7 @@ class RunConfig(Params):
     model: Named = Field(default_factory=lambda: {"backbone": "mlp"})
     train: TrainConfig = TrainConfig()
     rounds: int = Field(default=20, ge=1)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="a non-negative integer")
     engine: Literal["local", "flower-sim", "flower"] = "local"
     flower: FlowerConfig = FlowerConfig()
     participation: float = Field(default=1.0, gt=0, le=1, description="fraction of clients sampled per round")
@@ -64,7 +74,9 @@ class RunConfig(Params):
     eval_every: int = Field(default=1, ge=1)
     min_replies: int = Field(default=1, ge=1, description="fewer replies than this (or than sampled) fail a round")
     reference: str | None = Field(default="centralized", description="run label normalizing accuracy")
-    threads: int = Field(default=1, ge=1, description="torch intra-op threads; small models are fastest on 1")
+    threads: int = Field(
+        default=1, ge=1, le=MAX_THREADS, description="torch intra-op threads; small models are fastest on 1"
+    )
     workers: int = Field(default=1, ge=1, description="processes training a round's clients in parallel (local "
                          "engine); the numbers do not depend on it")
     execution: Literal["sequential", "vectorized"] = Field(
@@ -131,6 +143,7 @@ class RunConfig(Params):
         for method in self.methods:
             method_train(self.train, method)
             split_plugin(method)
+            _check_label(method_label(method))
         return self
 
     def for_method(self, method: Named) -> RunConfig:
@@ -160,17 +173,29 @@ def method_train(train: TrainConfig, method: Named) -> TrainConfig:
     if overrides is None:
         return train
     if not isinstance(overrides, dict):
-        raise ValueError(f"method '{method_label(method)}': 'train' must map train settings to values")
-    unknown = sorted(set(overrides) - set(TrainConfig.model_fields))
+        raise ValueError(f"method '{clipped(method_label(method))}': 'train' must map train settings to values")
+    unknown = sorted(str(key) for key in set(overrides) - set(TrainConfig.model_fields))
     if unknown:
-        raise ValueError(f"method '{method_label(method)}': unknown train key '{unknown[0]}'; valid keys: "
-                         f"{', '.join(TrainConfig.model_fields)}")
+        raise ValueError(f"method '{clipped(method_label(method))}': unknown train key '{clipped(unknown[0])}'; "
+                         f"valid keys: {', '.join(TrainConfig.model_fields)}")
     try:
         return TrainConfig.model_validate({**train.model_dump(), **overrides})
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise ValueError(f"method '{method_label(method)}': train.{where}: {first['msg']}") from None
+        raise ValueError(f"method '{clipped(method_label(method))}': train.{clipped(where)}: {first['msg']} "
+                         f"(got {clipped(repr(first.get('input')))})") from None
+
+
+MAX_LABEL = 100
+
+
+def _check_label(label: str) -> None:
+    """A comparison writes each member to `--out/<label>`: the label must name one directory inside it."""
+    if (not 1 <= len(label) <= MAX_LABEL or label in (".", "..") or any(c in label for c in "/\\")
+            or not label.isprintable()):
+        raise ValueError(f"method label '{clipped(label)}' cannot name a run directory; use 1 to {MAX_LABEL} "
+                         "printable characters without '/' or '\\', other than '.' and '..'")
 
 
 def method_label(method: Named) -> str:
@@ -206,7 +231,8 @@ def split_plugin(method: Named) -> tuple[str, dict[str, Any]] | None:
     try:
         entry = _named(plugin, "name")
     except ValueError:
-        raise ValueError(f"method '{method['name']}': 'plugin' must be a name or a mapping with a 'name'") from None
+        raise ValueError(f"method '{method['name']}': 'plugin' must be a name or a mapping with a 'name' (names "
+                         f"have 1 to {MAX_NAME} characters)") from None
     return entry["name"], {k: v for k, v in entry.items() if k not in ("name", "label")}
 
 
@@ -217,15 +243,14 @@ def default_config() -> dict[str, Any]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's mapping; one sentence when the file is missing, too large, binary, not YAML, over the
+    alias/nesting limits of `manytask.input_limits`, or not a mapping."""
     path = Path(path)
-    if not path.is_file():
-        raise ManytaskError(f"config file '{path}' does not exist.")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ManytaskError(f"config file '{path}' is not valid YAML ({str(err).splitlines()[0]}).") from None
+    where = f"config file '{shown_path(path)}'"
+    data = load_limited(read_config_text(path), where)
     if not isinstance(data, dict):
-        raise ManytaskError(f"config file '{path}' must hold a mapping of keys to values.")
+        got = "nothing (it is empty)" if data is None else "a list" if isinstance(data, list) else "a single value"
+        raise ManytaskError(f"{where} must hold a mapping of keys to values, not {got}.")
     return data
 
 
@@ -238,12 +263,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ManytaskError(f"override '{item}' is not of the form key=value.")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            value = raw
-        _set_nested(data, key.split("."), value)
+            raise ManytaskError(f"override '{clipped(item)}' is not of the form key=value.")
+        parts = key.split(".")
+        if "" in parts:
+            raise ManytaskError(f"override '{clipped(item)}' has an empty part in its key; write keys as names "
+                                "joined by single dots (train.lr=0.1).")
+        if len(parts) > MAX_KEY_PARTS:
+            raise ManytaskError(f"override '{clipped(item)}' has a key of more than {MAX_KEY_PARTS} parts.")
+        value = load_limited(raw, f"the value of override '{clipped(item)}'")
+        _set_nested(data, parts, value)
     return data
 
 
@@ -256,7 +284,8 @@ def _set_nested(data: dict[str, Any], path: list[str], value: Any) -> None:
         if child is None:
             child = {}
         if not isinstance(child, dict):
-            raise ManytaskError(f"cannot set '{'.'.join(path)}': '{part}' is not a mapping in the config.")
+            raise ManytaskError(f"cannot set '{clipped('.'.join(path))}': '{clipped(part)}' is not a mapping in the "
+                                "config.")
         node[part] = child
         node = child
     node[path[-1]] = value
@@ -264,16 +293,52 @@ def _set_nested(data: dict[str, Any], path: list[str], value: Any) -> None:
 
 def validate(data: dict[str, Any]) -> RunConfig:
     """Validate a raw config mapping; one sentence on the first problem."""
+    _check_values(data)
     try:
-        return RunConfig(**data)
+        config = RunConfig(**data)
     except ValidationError as err:
         raise ManytaskError(describe_config_error(err)) from None
+    _check_widths(config.model)
+    return config
+
+
+def _check_values(data: dict[str, Any]) -> None:
+    """Every mapping key is text and every number finite (`.inf`/`.nan` would pass `lr > 0` and diverge later)."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            for key, child in value.items():
+                if not isinstance(key, str):
+                    place = f"config key '{clipped(where)}'" if where else "the config"
+                    raise ManytaskError(f"{place} has the key {clipped(repr(key))}, which is not text; keys are "
+                                        "names such as 'rounds'.")
+                stack.append((f"{where}.{key}" if where else key, child))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ManytaskError(f"config key '{clipped(where)}' is invalid: it must be a finite number (got {value}).")
+
+
+def _check_widths(model: Named) -> None:
+    """Layer widths are from 1 to `MAX_WIDTH`: 0 trains nothing, a negative or huge one fails after files exist.
+    (Wrong types are left to the backbone's own parameter check, which names the expected type.)"""
+    sections = [("model", model)]
+    if isinstance(model.get("decoder"), dict):
+        sections.append(("model.decoder", model["decoder"]))
+    for prefix, section in sections:
+        for key in WIDTH_KEYS:
+            value = section.get(key)
+            widths = value if isinstance(value, list) else [value]
+            if any(isinstance(w, int) and not isinstance(w, bool) and not 1 <= w <= MAX_WIDTH for w in widths):
+                raise ManytaskError(f"config key '{prefix}.{key}' is invalid: layer widths must be whole numbers from "
+                                    f"1 to {MAX_WIDTH} (got {clipped(repr(value))}).")
 
 
 def describe_config_error(err: ValidationError) -> str:
     first = err.errors()[0]
     loc = [str(p) for p in first["loc"] if not isinstance(p, int)]
-    key = ".".join(loc)
+    key = clipped(".".join(loc))
     if first["type"] == "extra_forbidden":
         parent = _model_at(RunConfig, loc[:-1])
         valid = ", ".join(parent.model_fields) if parent else "none"
@@ -283,7 +348,8 @@ def describe_config_error(err: ValidationError) -> str:
     message = first["msg"].removeprefix("Value error, ")
     if not key:  # a check across keys: its message says where
         return f"the config is invalid: {message}."
-    return f"config key '{key}' is invalid: {message[0].lower() + message[1:]} (got {first.get('input')!r})."
+    given = clipped(repr(first.get("input")))
+    return f"config key '{key}' is invalid: {message[0].lower() + message[1:]} (got {given})."
 
 
 def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None:

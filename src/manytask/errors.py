@@ -14,4 +14,4 @@ def clipped(value: object, limit: int = 60) -> str:
 def unknown_choice(what: str, given: str, choices: list[str] | tuple[str, ...]) -> ManytaskError:
     """Build the standard 'unknown X' error listing the valid choices."""
     listed = ", ".join(sorted(choices))
-    return ManytaskError(f"unknown {what} '{given}'; valid choices: {listed}.")
+    return ManytaskError(f"unknown {what} '{clipped(given)}'; valid choices: {listed}.")

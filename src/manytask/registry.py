@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from manytask.errors import ManytaskError, unknown_choice
+from manytask.errors import ManytaskError, clipped, unknown_choice
 
 T = TypeVar("T")
 
@@ -77,7 +77,7 @@ def describe_validation_error(err: ValidationError, where: str, model: type[Base
     if first["type"] == "missing":
         return f"missing required parameter '{key}' for {where}."
     given = first.get("input")
-    return f"parameter '{key}' of {where} is invalid ({first['msg'].lower()}; got {given!r})."
+    return f"parameter '{clipped(key)}' of {where} is invalid ({first['msg'].lower()}; got {clipped(repr(given))})."
 
 
 def describe_params(model: type[BaseModel]) -> str:
