@@ -73,8 +73,15 @@ def test_densify_adds_sparse_deltas_to_what_was_sent_and_keeps_dense_arrays():
 
 
 def test_malformed_sparse_arrays_are_rejected():
-    with pytest.raises(ValueError, match="mask of shape"):
+    with pytest.raises(ValueError, match=r"mask of torch.bool \(4,\), expected bool \(2, 3\)"):
         decode_sparse({"sparse/w/mask": torch.ones(4, dtype=torch.bool), "sparse/w/values": torch.ones(4)},
+                      "w", torch.Size([2, 3]))
+    with pytest.raises(ValueError, match=r"mask of torch.float32 \(2, 3\), expected bool"):
+        decode_sparse({"sparse/w/mask": torch.ones(2, 3), "sparse/w/values": torch.ones(6)}, "w", torch.Size([2, 3]))
+    with pytest.raises(ValueError, match=r"index of torch\.float32"):
+        decode_sparse({"sparse/w/index": torch.ones(1), "sparse/w/values": torch.ones(1)}, "w", torch.Size([2, 3]))
+    with pytest.raises(ValueError, match="values of shape"):
+        decode_sparse({"sparse/w/index": torch.tensor([1], dtype=torch.int32), "sparse/w/values": torch.ones(1, 1)},
                       "w", torch.Size([2, 3]))
     with pytest.raises(ValueError, match="out of range"):
         decode_sparse({"sparse/w/index": torch.tensor([6], dtype=torch.int32), "sparse/w/values": torch.ones(1)},

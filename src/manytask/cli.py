@@ -11,6 +11,7 @@ from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from manytask.errors import ManytaskError
@@ -32,7 +33,7 @@ def _guarded(action: Callable[[], R], interrupted: str = "interrupted.") -> R:
     try:
         return action()
     except ManytaskError as err:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         err_console.print(interrupted)
@@ -65,7 +66,7 @@ def run(
     from manytask.progress import RichObserver, SignalAfterRound
     from manytask.report import write_report
     from manytask.run import resume as resume_run
-    from manytask.run import run_config
+    from manytask.run import run_config, stopped_runs
 
     def body() -> None:
         if resume is not None:
@@ -83,11 +84,18 @@ def run(
         def observed(observer: RichObserver | None) -> None:
             start(observer if interrupt is None else SignalAfterRound(int(interrupt), observer))
 
-        if quiet:
-            observed(None)
-        else:
-            with RichObserver(err_console) as observer:
-                observed(observer)
+        try:
+            if quiet:
+                observed(None)
+            else:
+                with RichObserver(err_console) as observer:
+                    observed(observer)
+        except ManytaskError as err:
+            stopped = stopped_runs(target)
+            if not stopped:
+                raise
+            reports = ", ".join(str(write_report(run_dir)) for run_dir in stopped)
+            raise ManytaskError(f"{err} The summary and report of the rounds that completed: {reports}") from None
         report = write_report(target)
         _print_comparison([target])
         out_console.print(f"run directory: {target}\nreport: {report}")

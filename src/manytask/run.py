@@ -51,7 +51,24 @@ def resume(out: Path, observer: RoundObserver | None = None, stop_after: int | N
     if not root.config.is_file():
         raise ManytaskError(f"'{out}' is not a manytask run directory (it has no config.yaml).")
     config = validate(load_yaml(root.config))
-    return _execute(config, plan(config), out, observer, stop_after)
+    experiments = plan(config)
+    for exp in experiments:  # a comparison killed while it created its members' directories
+        member = member_dir(config, out, exp.label)
+        member.remove_temporaries()
+        if not member.config.is_file():
+            member.start(to_yaml(exp.config), exp.federation.to_json())
+        elif not member.federation.is_file():
+            member.write_json(member.federation, exp.federation.to_json())
+    return _execute(config, experiments, out, observer, stop_after)
+
+
+def stopped_runs(out: Path) -> list[Path]:
+    """The run directories under `out` (itself, or a comparison's members) whose summary is that of a failed round."""
+    try:
+        candidates = [out, *sorted(p for p in out.iterdir() if p.is_dir())] if out.is_dir() else []
+    except OSError:  # an --out that cannot be a directory (a name too long, say): nothing ran there
+        return []
+    return [p for p in candidates if RunDir(p).summary.is_file() and "stopped" in _load_summary(RunDir(p))]
 
 
 def member_dir(config: RunConfig, out: Path, label: str) -> RunDir:

@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from manytask.errors import ManytaskError
+from manytask.input_limits import shown_path
 
 
 class RunDir:
@@ -28,13 +29,34 @@ class RunDir:
     predictions = property(lambda self: self.path / "predictions.safetensors")  # dense runs: the picture grid's
 
     def create(self) -> None:
-        """Make the directory; refuse to mix a new run into a non-empty one."""
-        if self.path.exists() and any(self.path.iterdir()):
-            raise ManytaskError(
-                f"run directory '{self.path}' already exists and is not empty; "
-                f"choose another --out or continue it with --resume {self.path}."
-            )
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Make the directory; refuse to mix a new run into a non-empty one, and refuse a path that is a file or
+        cannot be created, leaving behind none of the parent directories made on the way."""
+        shown = shown_path(self.path)
+        try:
+            if self.path.exists() and not self.path.is_dir():
+                raise ManytaskError(f"run directory '{shown}' is an existing file, not a directory; choose another "
+                                    "--out.")
+            if self.path.is_dir() and any(self.path.iterdir()):
+                raise ManytaskError(
+                    f"run directory '{shown}' already exists and is not empty; "
+                    f"choose another --out or continue it with --resume {shown}."
+                )
+            missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        except OSError as err:
+            raise ManytaskError(f"run directory '{shown}' cannot be used ({err.strerror or err}); choose another "
+                                "--out.") from None
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.path, os.W_OK | os.X_OK):
+                raise PermissionError(13, "Permission denied")
+        except OSError as err:
+            for made in missing:  # deepest first; rmdir removes only empty directories, so this is safe
+                try:
+                    made.rmdir()
+                except OSError:
+                    continue  # never made (the failure came first), or not empty
+            raise ManytaskError(f"cannot create the run directory '{shown}' ({err.strerror or err}); choose a "
+                                "writable --out.") from None
 
     def start(self, config_yaml: str, federation: dict[str, Any]) -> None:
         """Create a new run directory with its resolved config and federation."""
@@ -43,7 +65,8 @@ class RunDir:
         self.write_json(self.federation, federation)
 
     def is_finished(self) -> bool:
-        return self.summary.is_file()
+        """A summary exists and is not that of a run stopped by a failed round (which can be resumed)."""
+        return self.summary.is_file() and "stopped" not in json.loads(self.summary.read_text())
 
     def write_text(self, path: Path, text: str) -> None:
         tmp = path.with_name(path.name + ".tmp")
@@ -63,9 +86,21 @@ class RunDir:
             handle.write(json.dumps(row) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:
+        """The rows of metrics.jsonl. A last line without its newline is a row whose write a crash cut short: it is
+        left out (the round is run again on resume)."""
         if not self.metrics.exists():
             return []
-        return [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+        text = self.metrics.read_text()
+        lines = text.split("\n")
+        complete = lines if text.endswith("\n") else lines[:-1]
+        return [json.loads(line) for line in complete if line.strip()]
+
+    def remove_temporaries(self) -> list[Path]:
+        """Delete the `*.tmp` files an interrupted atomic write left behind (the file it replaces is intact)."""
+        stray = sorted(self.path.glob("*.tmp")) if self.path.is_dir() else []
+        for path in stray:
+            path.unlink()
+        return stray
 
     def truncate_metrics(self, last_round: int) -> list[dict[str, Any]]:
         """Drop rows after `last_round` (written after the last checkpoint of a crashed run)."""

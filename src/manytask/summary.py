@@ -30,10 +30,15 @@ def total_test_loss(tasks: Mapping[str, Mapping[str, float]]) -> float | None:
     return float(sum(losses))
 
 
-def build_summary(experiment: Experiment, rows: list[dict[str, Any]], wall_seconds: float) -> dict[str, Any]:
+def build_summary(
+    experiment: Experiment, rows: list[dict[str, Any]], wall_seconds: float,
+    evaluation: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run's summary from its metric rows; the results are those of `evaluation` when given (a run stopped
+    before its last round), else of the last row that evaluated."""
     config = experiment.config
     specs = experiment.setup.specs
-    last_eval = next(r for r in reversed(rows) if "eval" in r)
+    last_eval = evaluation or next(r for r in reversed(rows) if "eval" in r)
     main = {t: specs[t].main_metric for t in specs}
     return {
         "method": experiment.method_name,

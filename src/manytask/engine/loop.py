@@ -8,16 +8,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from manytask.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from manytask.engine.client_runner import ClientState
 from manytask.engine.sampling import clients_per_round, sample_clients, sample_dropouts
+from manytask.engine.screening import DIVERGED, screen
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
 from manytask.fairness import fairness
-from manytask.messages import Message, decode, encode
+from manytask.messages import Message, encode
 from manytask.methods.base import Metrics
 from manytask.rundir import RunDir
 from manytask.summary import average_main_metric, build_summary
@@ -79,6 +79,15 @@ def _sizes(payloads: Mapping[int, bytes | None]) -> dict[str, int]:
     return {str(c): len(p or b"") for c, p in payloads.items()}
 
 
+class RoundFailed(ManytaskError):
+    """A round that could not complete (too few usable replies). The loop writes the summary of the rounds that did
+    before raising it, so the run's results are not lost."""
+
+    def __init__(self, round_index: int, message: str) -> None:
+        super().__init__(message)
+        self.round_index = round_index
+
+
 class RoundLoop:
     def __init__(
         self, experiment: Experiment, run_dir: RunDir, transport: Transport, observer: RoundObserver | None = None
@@ -104,7 +113,11 @@ class RoundLoop:
             began = time.perf_counter()
             if meter is not None:
                 meter.start()
-            row = self._round(round_index)
+            try:
+                row = self._round(round_index)
+            except RoundFailed as failure:
+                self._write_stopped_summary(round_index, elapsed, str(failure))
+                raise
             if round_index + 1 == total:
                 row.update(self._final_evaluation())
             elif (round_index + 1) % self.exp.config.eval_every == 0:
@@ -131,10 +144,10 @@ class RoundLoop:
         payloads = _serialize(self.server.configure_fit(round_index, sampled))
         outcome = self.transport.fit(round_index, payloads, simulated)
         received = {c: outcome.replies[c] for c in sorted(outcome.replies)}  # client order: reproducible sums
-        replies = {c: None if data is None else decode(data) for c, data in received.items()}
-        for client in [c for c, reply in replies.items() if reply is not None and not _finite(reply)]:
-            del replies[client], outcome.replies[client]  # a diverged client must not poison the aggregate
-            outcome.failures[client] = "reply has non-finite values (diverged training)"
+        replies, rejected = screen(received, self.server, self.exp.federation)
+        for client, reason in rejected.items():  # aggregated as a dropout: a bad reply must not poison the model
+            del outcome.replies[client]
+            outcome.failures[client] = reason
         self._check_enough(round_index, len(sampled), outcome)
         fit_metrics = self.server.aggregate_fit(round_index, replies)
         return {
@@ -147,6 +160,14 @@ class RoundLoop:
             "client_seconds": {str(c): s for c, s in sorted(outcome.seconds.items())},
             "fit": fit_metrics,
         }
+
+    def _write_stopped_summary(self, round_index: int, elapsed: float, reason: str) -> None:
+        """The summary of the rounds before `round_index`, with the model as it stands evaluated now, marked as
+        stopped there (`RunDir.is_finished` is then false, so the run can still be resumed)."""
+        summary = build_summary(self.exp, self.run_dir.read_metrics(), elapsed, self._final_evaluation())
+        summary["stopped"] = {"round": round_index + 1, "rounds_completed": round_index, "reason": reason}
+        self.run_dir.metrics.touch()  # a run stopped in its first round has no rows, but is a run directory
+        self.run_dir.write_json(self.run_dir.summary, summary)
 
     def _participants(self, round_index: int, sampled: list[int]) -> list[int]:
         """The engine's sample, or the clients the server asks for instead (sorted, each once)."""
@@ -163,11 +184,9 @@ class RoundLoop:
     def _check_enough(self, round_index: int, sampled: int, outcome: FitOutcome) -> None:
         needed = min(self.exp.config.min_replies, sampled)
         if len(outcome.replies) < needed:
-            reasons = "; ".join(f"client {c}: {why}" for c, why in sorted(outcome.failures.items())) or "none given"
-            raise ManytaskError(
-                f"round {round_index + 1} failed: {len(outcome.replies)} of {sampled} sampled clients replied, "
-                f"fewer than min_replies={needed} ({reasons})."
-            )
+            raise RoundFailed(round_index, f"round {round_index + 1} failed: {len(outcome.replies)} of {sampled} "
+                              f"sampled clients replied, fewer than min_replies={needed} "
+                              f"({_grouped(outcome.failures)}){_advice(outcome.failures)}.")
 
     def _evaluate(self) -> dict[str, Any]:
         """Per-task metrics (server-side, else averaged over holders), the average, and per-client scores:
@@ -205,8 +224,11 @@ class RoundLoop:
         save_checkpoint(self.run_dir.checkpoint, checkpoint)
 
     def _restore(self) -> tuple[int, float]:
-        """Load the checkpoint if there is one: (rounds already done, wall seconds already spent)."""
+        """Load the checkpoint if there is one: (rounds already done, wall seconds already spent). Metric rows
+        written after it (a crash between a round's row and its checkpoint), and stray temporaries, are removed."""
+        self.run_dir.remove_temporaries()
         if not self.run_dir.checkpoint.exists():
+            self.run_dir.truncate_metrics(0)
             return 0, 0.0
         checkpoint = load_checkpoint(self.run_dir.checkpoint)
         self.server.load_state_dict(checkpoint.server)
@@ -217,16 +239,29 @@ class RoundLoop:
         return checkpoint.round, float(checkpoint.extra.get("elapsed", 0.0))
 
 
+def _grouped(failures: Mapping[int, str], shown: int = 3) -> str:
+    """Failures grouped by reason, the most common first: "10 clients: reply has non-finite values (...)"."""
+    by_reason: dict[str, list[int]] = {}
+    for client, why in sorted(failures.items()):
+        by_reason.setdefault(why, []).append(client)
+    groups = sorted(by_reason.items(), key=lambda item: -len(item[1]))
+    parts = [f"client {who[0]}: {why}" if len(who) == 1 else f"{len(who)} clients: {why}" for why, who in groups]
+    more = f"; and {len(parts) - shown} other reasons" if len(parts) > shown else ""
+    return "; ".join(parts[:shown]) + more if parts else "no reason given"
+
+
+def _advice(failures: Mapping[int, str]) -> str:
+    if failures and all(why == DIVERGED for why in failures.values()):
+        return "; training diverged: lower train.lr"
+    return ""
+
+
 def _average_over_holders(per_client: Mapping[int, Metrics], tasks: list[str]) -> Metrics:
     per_task: dict[str, list[Mapping[str, float]]] = {}
     for client in sorted(per_client):
         for task, metrics in per_client[client].items():
             per_task.setdefault(task, []).append(metrics)
     return {task: _mean_metrics(per_task[task]) for task in tasks if task in per_task}
-
-
-def _finite(message: Message) -> bool:
-    return all(np.isfinite(a).all() for a in message.arrays.values() if a.dtype.kind == "f")
 
 
 def _mean_metrics(rows: list[Mapping[str, float]]) -> dict[str, float]:

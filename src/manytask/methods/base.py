@@ -135,6 +135,12 @@ class ServerProgram(ABC, Generic[P]):
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         """Update the server state from the replies (sorted by client id); return scalars worth logging."""
 
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        """Why `client`'s decoded reply is not one this server can aggregate (one sentence), or None. The engine
+        treats a reply with a problem as a failed client, and checks what every method's reply must satisfy
+        (`engine/screening.py`) before asking. Default: nothing more."""
+        return None
+
     def evaluate(self, test: TaskData) -> Metrics | None:
         """Server-side evaluation per task, or None to ask the clients to evaluate their own models."""
         return None

@@ -206,6 +206,14 @@ def _curve_plots(
     return plots
 
 
+def _stopped_note(record: RunRecord) -> list[str]:
+    stopped = record.summary.get("stopped")
+    if not stopped:
+        return []
+    return [f"**This run stopped in round {stopped['round']}.** The results are those of the model after the "
+            f"{stopped['rounds_completed']} rounds that completed. Reason: {stopped['reason']}\n"]
+
+
 def _single_report(
     record: RunRecord, graph_rounds: Sequence[int] | None = None, base: RunRecord | None = None
 ) -> str:
@@ -221,6 +229,7 @@ def _single_report(
     ]
     return "\n".join([
         f"# Run report: {record.label}\n",
+        *_stopped_note(record),
         _setup_section(record),
         "## Per-task results\n",
         markdown_table(*task_rows(record)),

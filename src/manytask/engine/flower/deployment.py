@@ -38,6 +38,7 @@ clientapp = "manytask.engine.flower.client_app:app"
 [tool.flwr.app.config]
 manytask-config = ""
 run-dir = ""
+stop-after = 0
 """
 
 
@@ -49,28 +50,32 @@ def connection_toml(flower: FlowerConfig) -> str:
             f"address = {json.dumps(flower.superlink)}\n{security}\n")
 
 
-def run_config_toml(experiment: Experiment, run_dir: RunDir) -> str:
-    """The run's config for the ServerApp; JSON string escapes are valid TOML basic strings."""
+def run_config_toml(experiment: Experiment, run_dir: RunDir, stop_after: int | None = None) -> str:
+    """The run's config for the ServerApp; JSON string escapes are valid TOML basic strings. `stop-after` 0 runs
+    to the end (Flower accepts only the keys the app declares, each with a value)."""
     return (f"manytask-config = {json.dumps(to_yaml(experiment.config))}\n"
-            f"run-dir = {json.dumps(str(run_dir.path.resolve()))}\n")
+            f"run-dir = {json.dumps(str(run_dir.path.resolve()))}\nstop-after = {int(stop_after or 0)}\n")
 
 
 def run_on_superlink(
     experiment: Experiment, run_dir: RunDir, observer: RoundObserver | None = None, stop_after: int | None = None
-) -> dict[str, Any]:
-    if stop_after is not None:
-        raise ManytaskError("stopping after a given round is only supported by the local and flower-sim engines.")
+) -> dict[str, Any] | None:
+    """Submit the run to the SuperLink and follow it; the summary, or None when it stopped at `stop_after`
+    completed rounds (checkpointed, to be resumed)."""
     work = run_dir.path / "flower"
     (work / "app").mkdir(parents=True, exist_ok=True)
     (work / "app" / "pyproject.toml").write_text(APP_PYPROJECT)
     (work / "home").mkdir(exist_ok=True)
     (work / "home" / "config.toml").write_text(connection_toml(experiment.config.flower))
-    (work / "run-config.toml").write_text(run_config_toml(experiment, run_dir))
+    (work / "run-config.toml").write_text(run_config_toml(experiment, run_dir, stop_after))
     env = flower_env(work / "home")
     run_id = _submit(work, env)
     if observer:
         observer.started(experiment.label, experiment.total_rounds, 0)
     status = _follow(run_id, experiment, run_dir, env, observer)
+    stopped = stop_after is not None and len(run_dir.read_metrics()) >= stop_after
+    if status["status"] == "finished:completed" and stopped and not run_dir.summary.exists():
+        return None
     if status["status"] != "finished:completed" or not run_dir.summary.exists():
         raise ManytaskError(
             f"Flower run {run_id} ended as '{status['status']}' ({status.get('status-details') or 'no details'}); "

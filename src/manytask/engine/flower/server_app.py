@@ -1,7 +1,9 @@
 """Flower's ServerApp for every manytask method: the engine-independent round loop over a `GridTransport`.
 
-In a deployment the SuperLink starts it with the run config `manytask-config` (the single-method config as YAML)
-and `run-dir` (where metrics, checkpoints and the summary go, on the SuperLink's machine)."""
+In a deployment the SuperLink starts it with the run config `manytask-config` (the single-method config as YAML),
+`run-dir` (where metrics, checkpoints and the summary go, on the SuperLink's machine) and, optionally,
+`stop-after` (stop, checkpointed, after that many completed rounds: a resumable interruption driven by the code;
+0 runs to the end)."""
 
 from __future__ import annotations
 
@@ -41,4 +43,5 @@ def main(grid: Grid, context: Context) -> None:
     run_dir = RunDir(str(context.run_config["run-dir"]))
     if not run_dir.config.exists():
         run_dir.start(to_yaml(experiment.config), experiment.federation.to_json())
-    serve(grid, experiment, run_dir)
+    stop_after = int(context.run_config.get("stop-after", 0))
+    serve(grid, experiment, run_dir, stop_after=stop_after or None)

@@ -28,6 +28,7 @@ class GridTransport:
     ) -> None:
         self.grid = grid
         self.round_timeout = round_timeout
+        self.unreached: dict[int, str] = {}  # client -> why no SuperNode serves it (it fails every round)
         self.nodes = self._handshake(num_clients, config_text, connect_timeout)
 
     def fit(self, round_index: int, payloads: Payloads, simulated_drops: set[int]) -> FitOutcome:
@@ -66,9 +67,13 @@ class GridTransport:
                 raise ManytaskError(f"two SuperNodes claim partition-id {client}; give each a distinct partition-id.")
             nodes[client] = node
         missing = sorted(set(range(num_clients)) - set(nodes))
-        if missing:
+        if missing and not nodes:
             reasons = "; ".join(f"node {n}: {why}" for n, why in failures.items()) or "no node has these ids"
             raise ManytaskError(f"no SuperNode answered for client(s) {missing} ({reasons}).")
+        # A node that died before the handshake (a resumed run whose node is gone): its clients fail every round,
+        # each logged with this reason, instead of stopping the run. `min_replies` decides whether a round counts.
+        reason = "; ".join(f"node {n}: {why}" for n, why in failures.items()) or "no node has its partition-id"
+        self.unreached = dict.fromkeys(missing, f"no SuperNode answered the handshake ({reason})")
         return nodes
 
     def _wait_for_nodes(self, count: int, timeout: float) -> list[int]:
@@ -88,7 +93,8 @@ class GridTransport:
         self, contents: dict[int, RecordDict], kind: str, group: str, failures: dict[int, str]
     ) -> dict[int, Message]:
         """Send client-addressed contents; return the good replies by client, recording failures."""
-        by_node = {self.nodes[c]: content for c, content in contents.items()}
+        failures.update({c: self.unreached[c] for c in contents if c in self.unreached})
+        by_node = {self.nodes[c]: content for c, content in contents.items() if c not in self.unreached}
         client_of = {node: client for client, node in self.nodes.items()}
         node_failures: dict[int, str] = {}
         replies = self._send(by_node, kind, group, node_failures)

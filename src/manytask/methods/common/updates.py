@@ -125,14 +125,19 @@ def decode_sparse(arrays: Mapping[str, Tensor], name: str, shape: torch.Size) ->
     """Inverse of `encode_sparse`: the dense tensor of `shape` (zeros where nothing was sent)."""
     prefix = f"{SPARSE_PREFIX}{name}/"
     values = arrays[prefix + VALUES]
+    if values.dim() != 1:
+        raise ValueError(f"sparse '{name}': values of shape {tuple(values.shape)}, expected one dimension")
     dense = torch.zeros(math.prod(shape), dtype=values.dtype)
     if prefix + MASK in arrays:
         mask = arrays[prefix + MASK]
-        if tuple(mask.shape) != tuple(shape):
-            raise ValueError(f"sparse '{name}': mask of shape {tuple(mask.shape)}, expected {tuple(shape)}")
+        if tuple(mask.shape) != tuple(shape) or mask.dtype != torch.bool:
+            raise ValueError(f"sparse '{name}': mask of {mask.dtype} {tuple(mask.shape)}, expected bool {tuple(shape)}")
         positions = mask.reshape(-1).nonzero().flatten()
     else:
-        positions = arrays[prefix + INDEX].long()
+        index = arrays[prefix + INDEX]
+        if index.dim() != 1 or index.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"sparse '{name}': index of {index.dtype} {tuple(index.shape)}, expected 1-D integers")
+        positions = index.long()
     if len(positions) != len(values) or (len(positions) and (positions.min() < 0 or positions.max() >= len(dense))):
         raise ValueError(f"sparse '{name}': {len(values)} values for {len(positions)} positions, or out of range")
     dense[positions] = values

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from manytask.client.trainer import TaskData
+from manytask.errors import clipped
 from manytask.messages import Message
 from manytask.metric_names import train_loss_key
 
@@ -24,6 +25,14 @@ def fit_scalars(data: TaskData, losses: Mapping[str, float]) -> dict[str, float]
 def task_sizes(reply: Message) -> dict[str, int]:
     """|D_n^t| per task a reply reports."""
     return {k[len(SIZE_PREFIX) :]: int(v) for k, v in reply.scalars.items() if k.startswith(SIZE_PREFIX)}
+
+
+def counts_problem(client: int, reply: Message, held: Sequence[str]) -> str | None:
+    """Why `reply` does not report the sample count of exactly the tasks its client holds, or None."""
+    reported = sorted(task_sizes(reply))
+    if reported != sorted(held):
+        return f"reply reports sample counts of tasks {clipped(reported)}, where client {client} holds {sorted(held)}"
+    return None
 
 
 def mean_train_losses(replies: Sequence[Message]) -> dict[str, float]:

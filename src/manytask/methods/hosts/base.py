@@ -34,12 +34,13 @@ from manytask.client.trainer import (
 )
 from manytask.client.vectorized import ClientJob, JobResult, NotVectorizable, train_vectorized
 from manytask.devices import on_device
+from manytask.errors import clipped
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
 from manytask.methods.common.personal import check_shared_head
 from manytask.methods.common.updates import Update, copy_groups, copy_key, reference_key
-from manytask.methods.common.wire import LOSS_PREFIX, fit_scalars, mean_train_losses, task_sizes
+from manytask.methods.common.wire import LOSS_PREFIX, counts_problem, fit_scalars, mean_train_losses, task_sizes
 from manytask.models.multitask import (
     ROLE_HEAD_PREFIX,
     MultiTaskModel,
@@ -367,6 +368,24 @@ class HostServer(HostModel, ServerProgram[HostParams]):
     def update_weights(self, client: int, keys: list[str], sizes: dict[str, int]) -> dict[str, float | Tensor]:
         """A copy's aggregation weight per parameter: FedAvg's (task size for a head, total size otherwise)."""
         return fedavg_weights(keys, sizes)
+
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        """A host's reply holds trained copies of what its client was sent: every array's reference entry was sent
+        to it, with the same shape and dtype; it reports the sample count of every task its client holds (and of
+        no other), and a per-task copy is of one of those tasks."""
+        problem = counts_problem(client, reply, self.setup.holdings[client])
+        if problem is not None:
+            return problem
+        sent, sizes = self.sent.get(client, {}), task_sizes(reply)
+        for name, array in reply.tensors().items():
+            reference = sent.get(reference_key(name))
+            if reference is None:
+                return f"reply carries '{clipped(name)}', which was not sent to client {client}"
+            if array.shape != reference.shape or array.dtype != reference.dtype:
+                return (f"reply's '{clipped(name)}' is {array.dtype} {tuple(array.shape)}, where "
+                        f"{reference.dtype} {tuple(reference.shape)} was sent")
+        copies = [task for task in copy_groups(reply.arrays) if task is not None and task not in sizes]
+        return f"reply carries a copy for task '{clipped(copies[0])}' without its sample count" if copies else None
 
     def read_updates(self, replies: Mapping[int, Message]) -> list[Update]:
         """Every trained copy in the replies (sorted by client, copies by task) against what its client was sent;

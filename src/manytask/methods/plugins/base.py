@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from manytask.client.trainer import TaskData
-from manytask.errors import ManytaskError
+from manytask.errors import ManytaskError, clipped
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.common.updates import Update
@@ -75,6 +75,14 @@ class PluginServer(ServerProgram[P], Generic[P]):
         self.log = {}
         restored = {c: None if r is None else self.restore_reply(c, r) for c, r in replies.items()}
         return {**self.host.aggregate_replies(round_index, restored, self.adjust), **self.log}
+
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        """The host's rule, on the reply as the host would get it; a reply the plug-in cannot restore is refused."""
+        try:
+            restored = self.restore_reply(client, reply)
+        except (KeyError, ValueError, IndexError, RuntimeError) as err:  # restoring reads untrusted arrays
+            return f"reply cannot be restored by the plug-in ({type(err).__name__}: {clipped(err)})"
+        return self.host.reply_problem(client, restored)
 
     def restore_reply(self, client: int, reply: Message) -> Message:
         """The reply as the host expects it (default: unchanged); `self.host.sent[client]` is what it was sent."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
 from torch import Tensor
 
-from manytask.errors import ManytaskError
+from manytask.errors import ManytaskError, clipped
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, MethodDef, Setup
-from manytask.methods.common.wire import fit_scalars, mean_train_losses
+from manytask.methods.common.wire import counts_problem, fit_scalars, mean_train_losses
 from manytask.methods.hosts.base import TrainedCopy
 from manytask.methods.registry import SPARSE, register_method
 from manytask.methods.talos.mask import Masks
@@ -29,6 +30,7 @@ from manytask.methods.talos.program import (
     TalosClient,
     TalosParams,
     TalosServer,
+    fractions_problem,
     trainable_fractions,
 )
 from manytask.seeding import derive_seed
@@ -64,6 +66,29 @@ class PartitionServer(TalosServer):
         super().__init__(setup, params)
         self.owned: list[Masks] | None = None  # per client id; derived from the kept mask
 
+    def calibration_problem(self, client: int, reply: Message) -> str | None:
+        """The mask itself: one boolean array per scored parameter, of its shape."""
+        expected = {MASK_PREFIX + name: self.global_state[name].shape for name in self.scored}
+        if set(reply.arrays) != set(expected):
+            return f"a calibration reply carries the masks {clipped(sorted(expected))} and nothing else"
+        for key, array in reply.tensors().items():
+            if array.dtype != torch.bool or array.shape != expected[key]:
+                return f"reply's '{key}' is {array.dtype} {tuple(array.shape)}, not bool {tuple(expected[key])}"
+        return counts_problem(client, reply, self.setup.holdings[client]) or fractions_problem(reply, self.scored)
+
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        """In the sparse phase: exactly the client's subset of values, in the scored parameters' dtype."""
+        if self.step.name in (HEAD_ONLY, CALIBRATION):
+            return super().reply_problem(client, reply)
+        expected = sum(int(mask.sum()) for mask in self.subsets()[client].values())
+        dtype = self.global_state[self.scored[0]].dtype
+        if set(reply.arrays) != {VALUES}:
+            return f"a sparse-phase reply carries '{VALUES}' and nothing else"
+        values = reply.tensor(VALUES)
+        if values.shape != (expected,) or values.dtype != dtype:
+            return f"client {client} sent {values.dtype} {tuple(values.shape)} values for a subset of {expected}"
+        return counts_problem(client, reply, self.setup.holdings[client])
+
     def aggregate_calibration(self, replies: Mapping[int, Message]) -> dict[str, float]:
         """Vote, keep the top (1 − ρ*), and record how much of each parameter is kept."""
         kept = vote_kept([reply.tensors(MASK_PREFIX) for reply in replies.values()], self.params.sparsity)
@@ -92,13 +117,7 @@ class PartitionServer(TalosServer):
         """θ̂ ← θ̂ + ∪_k δ_k (eq. 5)."""
         received = {c: r for c, r in replies.items() if r is not None}
         owned = self.subsets()
-        uploads = {}
-        for client, reply in received.items():
-            values = reply.tensor(VALUES)
-            expected = sum(int(mask.sum()) for mask in owned[client].values())
-            if values.shape != (expected,):
-                raise ManytaskError(f"client {client} sent {tuple(values.shape)} values for a subset of {expected}.")
-            uploads[client] = values
+        uploads = {client: reply.tensor(VALUES) for client, reply in received.items()}  # screened: `reply_problem`
         scored = {name: self.global_state[name] for name in self.scored}
         self.global_state.update(assemble(scored, uploads, owned))
         return mean_train_losses(list(received.values()))

@@ -20,11 +20,11 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from manytask.client.optimizers import OptimizerFactory, sparse_sgdm
-from manytask.errors import ManytaskError
+from manytask.errors import ManytaskError, clipped
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, Setup
 from manytask.methods.common.phases import Phase, Phases, PhaseStep
-from manytask.methods.common.wire import fit_scalars
+from manytask.methods.common.wire import counts_problem, fit_scalars
 from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer, TrainedCopy
 from manytask.methods.talos.calibration import calibration_batches
 from manytask.methods.talos.mask import Masks, calibrate_mask, pack_masks, scored_parameters, unpack_masks
@@ -167,6 +167,18 @@ def trainable_fractions(masks: Masks) -> dict[str, float]:
     return {TRAINABLE_PREFIX + name: float(mask.float().mean()) for name, mask in masks.items()}
 
 
+def fractions_problem(reply: Message, scored: list[str]) -> str | None:
+    """Why a calibration reply's trainable fractions are not one per scored parameter, each in [0, 1], or None."""
+    for key, value in reply.scalars.items():
+        if not key.startswith(TRAINABLE_PREFIX):
+            continue
+        if key[len(TRAINABLE_PREFIX):] not in scored:
+            return f"reply reports a trainable fraction of '{clipped(key)}', which is not a scored parameter"
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            return f"reply's trainable fraction {clipped(value)} of '{clipped(key)}' is not in [0, 1]"
+    return None
+
+
 class TalosServer(TalosModel, HostServer):
     """FedAvg of what each phase trains; every client in the calibration round."""
 
@@ -191,6 +203,19 @@ class TalosServer(TalosModel, HostServer):
         if self.step.name in (HEAD_ONLY, CALIBRATION):
             return Message.from_tensors({k: v for k, v in message.tensors().items() if task_of_key(k) is not None})
         return message
+
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        """The calibration reply by `calibration_problem`; the other phases' by the host's rule."""
+        if self.step.name == CALIBRATION:
+            return self.calibration_problem(client, reply)
+        return super().reply_problem(client, reply)
+
+    def calibration_problem(self, client: int, reply: Message) -> str | None:
+        """A calibration reply carries no arrays (the client keeps its mask) and, as scalars, the trainable fraction
+        of scored parameters, each in [0, 1]."""
+        if reply.arrays:
+            return f"a calibration reply carries no arrays, but this one carries '{clipped(next(iter(reply.arrays)))}'"
+        return counts_problem(client, reply, self.setup.holdings[client]) or fractions_problem(reply, self.scored)
 
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         step = self.phases.at(round_index)

@@ -1,0 +1,70 @@
+"""Screening replies before aggregation: a reply that does not decode, or that breaks what every method's reply
+must satisfy or what its server declares (`ServerProgram.reply_problem`), is a failed client with its reason, never
+a crash. The server then aggregates exactly as if that client had dropped out.
+
+What every reply must satisfy (`common_problem`): each sample count `n/<task>` is for a task the client holds and is
+a whole number from 1 to the client's registered holding of that task; each training loss `loss/<task>` comes with
+its task's count; numbers are finite, arrays too."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from manytask.errors import clipped
+from manytask.federation.federation import Federation
+from manytask.messages import Message, MessageError, decode
+from manytask.methods.base import ServerProgram
+from manytask.methods.common.wire import LOSS_PREFIX, SIZE_PREFIX
+
+DIVERGED = "reply has non-finite values (diverged training)"
+
+
+def screen(
+    received: Mapping[int, bytes | None], server: ServerProgram, federation: Federation
+) -> tuple[dict[int, Message | None], dict[int, str]]:
+    """(the decoded replies that pass, the reasons of those that do not), by client."""
+    accepted: dict[int, Message | None] = {}
+    rejected: dict[int, str] = {}
+    for client, data in received.items():
+        if data is None:
+            accepted[client] = None
+            continue
+        try:
+            reply = decode(data)
+        except MessageError as err:
+            rejected[client] = f"reply does not decode: {err}"
+            continue
+        problem = common_problem(client, reply, federation) or server.reply_problem(client, reply)
+        if problem is None:
+            accepted[client] = reply
+        else:
+            rejected[client] = problem
+    return accepted, rejected
+
+
+def common_problem(client: int, reply: Message, federation: Federation) -> str | None:
+    """Why `reply` breaks the rules every method's reply follows (see the module), or None."""
+    for key, value in reply.scalars.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            return DIVERGED
+        if key.startswith(SIZE_PREFIX) and (problem := _size_problem(client, key[len(SIZE_PREFIX):], value,
+                                                                      federation)):
+            return problem
+        if key.startswith(LOSS_PREFIX) and SIZE_PREFIX + key[len(LOSS_PREFIX):] not in reply.scalars:
+            return f"reply reports a loss for task '{clipped(key[len(LOSS_PREFIX):])}' without its sample count"
+    if not all(np.isfinite(a).all() for a in reply.arrays.values() if a.dtype.kind == "f"):
+        return DIVERGED
+    return None
+
+
+def _size_problem(client: int, task: str, value: object, federation: Federation) -> str | None:
+    held = federation.size(client, task) if task in federation.clients[client] else None
+    if held is None:
+        return f"reply reports samples of task '{clipped(task)}', which client {client} does not hold"
+    whole = isinstance(value, int | float) and not isinstance(value, bool) and float(value).is_integer()
+    if not whole or not 1 <= value <= held:
+        return f"reply claims {clipped(value)} samples of task '{task}', where client {client} holds {held}"
+    return None
