@@ -83,10 +83,6 @@ class RoundFailed(ManytaskError):
     """A round that could not complete (too few usable replies). The loop writes the summary of the rounds that did
     before raising it, so the run's results are not lost."""
 
-    def __init__(self, round_index: int, message: str) -> None:
-        super().__init__(message)
-        self.round_index = round_index
-
 
 class RoundLoop:
     def __init__(
@@ -184,8 +180,8 @@ class RoundLoop:
     def _check_enough(self, round_index: int, sampled: int, outcome: FitOutcome) -> None:
         needed = min(self.exp.config.min_replies, sampled)
         if len(outcome.replies) < needed:
-            raise RoundFailed(round_index, f"round {round_index + 1} failed: {len(outcome.replies)} of {sampled} "
-                              f"sampled clients replied, fewer than min_replies={needed} "
+            raise RoundFailed(f"round {round_index + 1} failed: {len(outcome.replies)} of {sampled} sampled clients "
+                              f"replied, fewer than min_replies={needed} "
                               f"({_grouped(outcome.failures)}){_advice(outcome.failures)}.")
 
     def _evaluate(self) -> dict[str, Any]:
