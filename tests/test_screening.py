@@ -33,11 +33,13 @@ def message(scalars, arrays=None):
     ({"n/a": 0}, "claims 0 samples"),
     ({"n/a": 2.5}, "claims 2.5 samples"),
     ({"n/a": True}, "claims True samples"),
-    ({"n/a": "10"}, "claims 10 samples"),
+    ({"n/a": "10"}, "scalar 'n/a' is text"),
     ({"n/c": 1}, "task 'c', which client 0 does not hold"),
     ({"loss/a": 0.3}, "a loss for task 'a' without its sample count"),
     ({"n/a": 10, "loss/a": float("nan")}, DIVERGED),
     ({"n/a": 10, "tau": float("inf")}, DIVERGED),
+    ({"n/a": 10, "loss/a": "0.3"}, "scalar 'loss/a' is text"),
+    ({"n/a": 10, "affinity/a/b": "high"}, "scalar 'affinity/a/b' is text"),
 ])
 def test_what_every_reply_must_satisfy(scalars, reason):
     problem = common_problem(0, message(scalars), FEDERATION)
@@ -106,8 +108,8 @@ def _not_finite(reply: Message) -> None:
         reply.scalars[next(k for k, v in reply.scalars.items() if isinstance(v, float))] = float("nan")
 
 
-def _run(tmp_path, name, method, rounds, poisoned, poison):
-    config = validate(small_config_dict(method=method, rounds=rounds, eval_every=rounds))
+def _run(tmp_path, name, method, rounds, poisoned, poison, **overrides):
+    config = validate(small_config_dict(method=method, rounds=rounds, eval_every=rounds, **overrides))
     experiment = Experiment.build(config)
     run_dir = RunDir(tmp_path / name)
     run_dir.start("", experiment.federation.to_json())
@@ -130,6 +132,28 @@ def test_a_rejected_reply_leaves_the_model_exactly_as_a_dropout(tmp_path, method
         state, rows = _run(tmp_path, name.replace(" ", "-"), method, rounds, poisoned, poison)
         failures = rows[poisoned]["failures"]
         assert 1 in rows[poisoned]["dropped"] and failures["1"] != "dropped", (name, failures)
+        assert state.keys() == dropped_state.keys(), name
+        assert all(torch.equal(state[k], dropped_state[k]) for k in state), name
+        assert rows[-1]["eval"] == dropped_rows[-1]["eval"], name
+
+
+PERSONAL = {  # one task per client, as SFMTL-Graph and FedU need
+    "benchmark": {"name": "rotated-masked-digits", "num_clients": 4, "patch_prob": 0.25},
+    "federation": {"num_clients": 4, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
+}
+
+
+@pytest.mark.parametrize(("method", "overrides"), [
+    ("matu", {}), ({"name": "matu", "unify": False}, {}), ("matfl", {}), ("sfmtl-graph", PERSONAL),
+    ("fedu", PERSONAL),
+], ids=["matu", "matu-ununified", "matfl", "sfmtl-graph", "fedu"])
+def test_every_method_refuses_bad_replies_as_dropouts(tmp_path, method, overrides):
+    """The methods that are not hosts declare their own reply rules; the same ten poisons, the same outcome."""
+    dropped_state, dropped_rows = _run(tmp_path, "dropped", method, 2, 0, None, **overrides)
+    assert all(row["failures"] == {} for row in _run(tmp_path, "honest", method, 2, 0, lambda d: d, **overrides)[1])
+    for name, poison in POISONS.items():
+        state, rows = _run(tmp_path, name.replace(" ", "-"), method, 2, 0, poison, **overrides)
+        assert list(rows[0]["failures"]) == ["1"] and rows[1]["failures"] == {}, (name, rows[0]["failures"])
         assert state.keys() == dropped_state.keys(), name
         assert all(torch.equal(state[k], dropped_state[k]) for k in state), name
         assert rows[-1]["eval"] == dropped_rows[-1]["eval"], name

@@ -1,10 +1,11 @@
 """Screening replies before aggregation: a reply that does not decode, or that breaks what every method's reply
-must satisfy or what its server declares (`ServerProgram.reply_problem`), is a failed client with its reason, never
-a crash. The server then aggregates exactly as if that client had dropped out.
+must satisfy or what its server declares (`ServerProgram.reply_problem`), or that the server finds implausible next
+to the round's other replies (`ServerProgram.round_problems`: the hosts' divergence guard), is a failed client with
+its reason, never a crash. The server then aggregates exactly as if that client had dropped out.
 
 What every reply must satisfy (`common_problem`): each sample count `n/<task>` is for a task the client holds and is
 a whole number from 1 to the client's registered holding of that task; each training loss `loss/<task>` comes with
-its task's count; numbers are finite, arrays too."""
+its task's count; scalars are numbers (never text), finite, and so are arrays."""
 
 from __future__ import annotations
 
@@ -42,12 +43,15 @@ def screen(
             accepted[client] = reply
         else:
             rejected[client] = problem
-    return accepted, rejected
+    rejected.update(server.round_problems({c: r for c, r in accepted.items() if r is not None}))
+    return {c: r for c, r in accepted.items() if c not in rejected}, rejected
 
 
 def common_problem(client: int, reply: Message, federation: Federation) -> str | None:
     """Why `reply` breaks the rules every method's reply follows (see the module), or None."""
     for key, value in reply.scalars.items():
+        if isinstance(value, str):  # no client program uploads text; servers read every scalar as a number
+            return f"reply's scalar '{clipped(key)}' is text, not a number"
         if isinstance(value, float) and not math.isfinite(value):
             return DIVERGED
         if key.startswith(SIZE_PREFIX) and (problem := _size_problem(client, key[len(SIZE_PREFIX):], value,

@@ -141,6 +141,12 @@ class ServerProgram(ABC, Generic[P]):
         (`engine/screening.py`) before asking. Default: nothing more."""
         return None
 
+    def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
+        """Replies that each pass `reply_problem` but are implausible next to the round's others (e.g. an update
+        far larger than the round's median), with the reason of each; the engine treats them as failed clients.
+        Default: none."""
+        return {}
+
     def evaluate(self, test: TaskData) -> Metrics | None:
         """Server-side evaluation per task, or None to ask the clients to evaluate their own models."""
         return None

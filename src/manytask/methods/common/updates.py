@@ -67,6 +67,11 @@ def delta(sent: Mapping[str, Tensor], reply: Mapping[str, Tensor]) -> dict[str, 
     return {k: v - sent[reference_key(k)] for k, v in reply.items() if reference_key(k) in sent and is_parameter(k, v)}
 
 
+def delta_norm(deltas: Mapping[str, Tensor]) -> float:
+    """‖Δ‖ = sqrt(Σ_k ‖Δ_k‖²) over all the keys of an update, in float64."""
+    return math.sqrt(sum(float(v.double().square().sum()) for v in deltas.values()))
+
+
 def apply(state: Mapping[str, Tensor], deltas: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """reference + delta for every delta (keys as in `deltas`; the reference is found through `reference_key`)."""
     out = {}

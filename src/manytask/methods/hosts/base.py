@@ -38,9 +38,17 @@ from manytask.errors import clipped
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
+from manytask.methods.common.guard import far_beyond_median, update_norm
 from manytask.methods.common.personal import check_shared_head
 from manytask.methods.common.updates import Update, copy_groups, copy_key, reference_key
-from manytask.methods.common.wire import LOSS_PREFIX, counts_problem, fit_scalars, mean_train_losses, task_sizes
+from manytask.methods.common.wire import (
+    LOSS_PREFIX,
+    counts_problem,
+    fit_scalars,
+    mean_train_losses,
+    spec_problem,
+    task_sizes,
+)
 from manytask.models.multitask import (
     ROLE_HEAD_PREFIX,
     MultiTaskModel,
@@ -57,6 +65,7 @@ from manytask.registry import Params
 from manytask.seeding import derive_seed
 
 PART_PREFIX = "part/"  # server state beyond the global model: part/<name>/<key>
+GUARD = 100.0  # far above the spread of honest updates (clients with 100× the data of the median one included)
 Adjust = Callable[[int, list[Update]], list[Update]]
 
 
@@ -64,6 +73,10 @@ class HostParams(Params):
     per_task: bool = Field(default=False, description="train and upload one copy of the shared part per held task")
     shared_head: bool = Field(
         default=False, description="one-task clients over one label space share ONE head (one global model)"
+    )
+    guard: float = Field(
+        default=GUARD, ge=0, allow_inf_nan=False, description="divergence guard: refuse a reply whose update norm "
+        "exceeds guard × the round's median (0: off; needs 3 replies)",
     )
 
 
@@ -381,11 +394,17 @@ class HostServer(HostModel, ServerProgram[HostParams]):
             reference = sent.get(reference_key(name))
             if reference is None:
                 return f"reply carries '{clipped(name)}', which was not sent to client {client}"
-            if array.shape != reference.shape or array.dtype != reference.dtype:
-                return (f"reply's '{clipped(name)}' is {array.dtype} {tuple(array.shape)}, where "
-                        f"{reference.dtype} {tuple(reference.shape)} was sent")
+            if problem := spec_problem(name, array, (tuple(reference.shape), reference.dtype), "was sent"):
+                return problem
         copies = [task for task in copy_groups(reply.arrays) if task is not None and task not in sizes]
         return f"reply carries a copy for task '{clipped(copies[0])}' without its sample count" if copies else None
+
+    def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
+        """The divergence guard (`common/guard.py`): replies whose update is far beyond the round's median."""
+        if self.params.guard <= 0:
+            return {}
+        norms = {c: update_norm(self.sent.get(c, {}), r.tensors()) for c, r in replies.items()}
+        return far_beyond_median(norms, self.params.guard)
 
     def read_updates(self, replies: Mapping[int, Message]) -> list[Update]:
         """Every trained copy in the replies (sorted by client, copies by task) against what its client was sent;

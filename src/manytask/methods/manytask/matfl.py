@@ -18,7 +18,7 @@ from manytask.client.trainer import TaskData, evaluate
 from manytask.messages import Message
 from manytask.methods.base import MethodDef, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
-from manytask.methods.common.wire import mean_train_losses, task_sizes
+from manytask.methods.common.wire import array_specs, arrays_problem, counts_problem, mean_train_losses, task_sizes
 from manytask.methods.hosts.base import HostClient, HostParams
 from manytask.methods.registry import MANY_TASK, register_method
 from manytask.models.multitask import load_state, task_of_key, trainable_state
@@ -61,6 +61,12 @@ class MatflServer(ServerProgram):
 
     def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
         return {c: Message.from_tensors(self.models[c]) for c in clients}
+
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        """A MaT-FL reply is the client's model trained: exactly the arrays it was sent, of their shapes and dtypes,
+        and the counts of exactly its tasks."""
+        return (counts_problem(client, reply, list(self.setup.holdings[client]))
+                or arrays_problem(reply, array_specs(self.models[client])))
 
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         received = {c: r for c, r in replies.items() if r is not None}

@@ -21,7 +21,14 @@ from manytask.client.trainer import TaskData, evaluate
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
-from manytask.methods.common.wire import LOSS_PREFIX, SIZE_PREFIX, task_sizes
+from manytask.methods.common.wire import (
+    LOSS_PREFIX,
+    SIZE_PREFIX,
+    array_specs,
+    arrays_problem,
+    counts_problem,
+    task_sizes,
+)
 from manytask.methods.manytask.matu_math import (
     DEFAULT_EPS,
     DEFAULT_KAPPA,
@@ -140,6 +147,24 @@ class MatuServer(ServerProgram):
         tasks = list(self.setup.holdings[client])
         heads = {k: v for k, v in self.heads.items() if task_of_key(k) in tasks}
         return task_vectors_message({t: self.vectors[t] for t in tasks}, heads, {}, self.params.unify)
+
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        """A MaTU reply holds, for exactly the client's tasks, their counts, their heads and either the unification
+        (τ_uni, one bit mask per task, a numeric rescaler per task) or, without it, one vector per task, each of
+        the task-vector space's dimension."""
+        tasks = list(self.setup.holdings[client])
+        problem = counts_problem(client, reply, tasks)
+        if problem is not None:
+            return problem
+        expected = array_specs({k: v for k, v in self.heads.items() if task_of_key(k) in tasks})
+        vector = ((self.space.space.dim,), self.vectors[tasks[0]].dtype)
+        if not self.params.unify:
+            return arrays_problem(reply, {**expected, **{VECTOR_PREFIX + t: vector for t in tasks}})
+        expected.update({UNIFIED: vector, **{MASK_PREFIX + t: ((self.space.space.dim,), torch.bool) for t in tasks}})
+        rescalers = [reply.scalars.get(RESCALER_PREFIX + t) for t in tasks]
+        if not all(isinstance(r, int | float) and not isinstance(r, bool) for r in rescalers):
+            return "reply lacks a numeric rescaler for each of its tasks"
+        return arrays_problem(reply, expected)
 
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         received = [r for r in replies.values() if r is not None]

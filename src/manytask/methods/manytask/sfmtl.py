@@ -10,6 +10,7 @@ and its community's anchor for the next round it takes part in.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,15 @@ from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
 from manytask.methods.common.laplacian import laplacian_step
 from manytask.methods.common.personal import PerClientPayloadServer, graph_steps, only_task, personal_model
-from manytask.methods.common.wire import LOSS_PREFIX, SIZE_PREFIX, task_sizes
+from manytask.methods.common.wire import (
+    LOSS_PREFIX,
+    SIZE_PREFIX,
+    ArraySpec,
+    array_specs,
+    arrays_problem,
+    counts_problem,
+    task_sizes,
+)
 from manytask.methods.manytask.sfmtl_math import communities, community_anchors, similarity_graph
 from manytask.methods.registry import MANY_TASK, register_method
 from manytask.metric_names import COMMUNITIES, community_key, graph_key
@@ -111,6 +120,25 @@ class SfmtlServer(PerClientPayloadServer):
         if others:
             raise ManytaskError(f"{NAME} keeps one feature anchor per class, so every task must be a "
                                 f"classification; {', '.join(others)} {'is' if len(others) == 1 else 'are'} not.")
+
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        """An SFMTL-Graph reply holds its task's count, its head, one feature anchor per class and the bit set of
+        the classes it saw, each of the model's shape."""
+        task = only_task(self.setup, client, NAME)
+        return counts_problem(client, reply, [task]) or arrays_problem(reply, self.upload_specs(task))
+
+    def upload_specs(self, task: str) -> dict[str, ArraySpec]:
+        """What a client holding `task` uploads: (shape, dtype) by name."""
+        model = self.template
+        head = {k: v for k, v in trainable_state(model, [task]).items() if k.startswith(head_prefix(task))}
+        classes = self.setup.specs[task].num_outputs
+        anchors = ((classes, model.backbone.out_features), torch.get_default_dtype())
+        return {**array_specs(head), ANCHORS: anchors, LABELS: ((classes,), torch.bool)}
+
+    @cached_property
+    def template(self) -> MultiTaskModel:
+        """A built model, for the shapes of what clients upload."""
+        return self.setup.build_model()
 
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         clients = [c for c, r in replies.items() if r is not None]

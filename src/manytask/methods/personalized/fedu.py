@@ -14,6 +14,7 @@ compared across clients, so they travel in role form (`models.multitask.to_role`
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 
 import torch
 from pydantic import Field
@@ -29,7 +30,14 @@ from manytask.methods.common.personal import (
     only_task,
     personal_model,
 )
-from manytask.methods.common.wire import fit_scalars, mean_train_losses
+from manytask.methods.common.wire import (
+    ArraySpec,
+    array_specs,
+    arrays_problem,
+    counts_problem,
+    fit_scalars,
+    mean_train_losses,
+)
 from manytask.methods.registry import PERSONALIZED, register_method
 from manytask.models.multitask import MultiTaskModel, to_role, to_task, trainable_state
 from manytask.registry import Params
@@ -71,6 +79,16 @@ class FeduServer(PerClientPayloadServer):
     def __init__(self, setup: Setup, params: FeduParams) -> None:
         check_shared_head(setup, NAME)
         super().__init__(setup, params)
+
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        """A FedU reply is the client's whole model in role form (the common start's arrays, shapes and dtypes) and
+        its one task's count."""
+        task = only_task(self.setup, client, NAME)
+        return counts_problem(client, reply, [task]) or arrays_problem(reply, self.upload_specs)
+
+    @cached_property
+    def upload_specs(self) -> dict[str, ArraySpec]:
+        return array_specs(self.setup.common_start())
 
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         received = {c: reply for c, reply in replies.items() if reply is not None}

@@ -64,6 +64,7 @@ class PluginServer(ServerProgram[P], Generic[P]):
         self.host = host
         self.state: dict[str, Tensor] = {}  # the plug-in's own crash-safe state
         self.log: dict[str, float] = {}  # scalars to log for the round being aggregated
+        self.restored: dict[int, tuple[Message, Message]] = {}  # this round's (reply, restored reply) by client
 
     def participants(self, round_index: int, sampled: list[int]) -> list[int]:
         return self.host.participants(round_index, sampled)
@@ -73,16 +74,28 @@ class PluginServer(ServerProgram[P], Generic[P]):
 
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         self.log = {}
-        restored = {c: None if r is None else self.restore_reply(c, r) for c, r in replies.items()}
+        restored = {c: None if r is None else self.restored_reply(c, r) for c, r in replies.items()}
+        self.restored = {}
         return {**self.host.aggregate_replies(round_index, restored, self.adjust), **self.log}
 
     def reply_problem(self, client: int, reply: Message) -> str | None:
         """The host's rule, on the reply as the host would get it; a reply the plug-in cannot restore is refused."""
         try:
-            restored = self.restore_reply(client, reply)
+            restored = self.restored_reply(client, reply)
         except (KeyError, ValueError, IndexError, RuntimeError) as err:  # restoring reads untrusted arrays
             return f"reply cannot be restored by the plug-in ({type(err).__name__}: {clipped(err)})"
         return self.host.reply_problem(client, restored)
+
+    def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
+        """The host's round rule (its divergence guard), on the replies as the host would get them."""
+        return self.host.round_problems({c: self.restored_reply(c, r) for c, r in replies.items()})
+
+    def restored_reply(self, client: int, reply: Message) -> Message:
+        """`restore_reply`, done once per reply: screening and aggregation both need it."""
+        cached = self.restored.get(client)
+        if cached is None or cached[0] is not reply:
+            cached = self.restored[client] = (reply, self.restore_reply(client, reply))
+        return cached[1]
 
     def restore_reply(self, client: int, reply: Message) -> Message:
         """The reply as the host expects it (default: unchanged); `self.host.sent[client]` is what it was sent."""
