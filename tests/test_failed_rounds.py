@@ -67,3 +67,20 @@ def test_the_cli_names_the_round_and_writes_the_report_when_training_diverges(tm
     assert "round 1 failed" in result.output and "lower train.lr" in result.output
     assert str(out / "report.md") in result.output.replace("\n", "")
     assert "stopped in round 1" in (out / "report.md").read_text()
+
+
+def test_a_failed_member_does_not_stop_the_comparison(tmp_path):
+    """One member diverges (its own lr): the others still run, the comparison's summary and report cover all of
+    them, and the CLI names the failed member and exits 2."""
+    methods = [{"name": "fedavg", "label": "wild", "train": {"lr": 1e30}}, {"name": "fedavg", "label": "tame"}]
+    config = tmp_path / "comparison.yaml"
+    config.write_text(yaml.safe_dump(small_config_dict(method=methods, rounds=2, reference=None)))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(config), "--out", str(out), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert "wild: round 1 failed" in result.output
+    tame = json.loads((out / "tame" / "summary.json").read_text())
+    assert "stopped" not in tame and [r["round"] for r in RunDir(out / "tame").read_metrics()] == [1, 2]
+    assert json.loads((out / "wild" / "summary.json").read_text())["stopped"]["round"] == 1
+    report = (out / "report.md").read_text()
+    assert "### tame" in report and "**This run stopped in round 1.**" in report

@@ -94,7 +94,8 @@ def run(
             stopped = stopped_runs(target)
             if not stopped:
                 raise
-            reports = ", ".join(str(write_report(run_dir)) for run_dir in stopped)
+            whole = [target] if target not in stopped and (target / "summary.json").is_file() else []
+            reports = ", ".join(str(write_report(run_dir)) for run_dir in [*whole, *stopped])
             raise ManytaskError(f"{err} The summary and report of the rounds that completed: {reports}") from None
         report = write_report(target)
         _print_comparison([target])
@@ -259,7 +260,8 @@ def local_cluster(
         Path | None, typer.Option("--tls-dir", help="directory with ca.crt, server.pem, server.key: run with TLS")
     ] = None,
 ) -> None:
-    """Start a SuperLink and N SuperNodes on 127.0.0.1, print how to run against them, stop them on Ctrl-C."""
+    """Start a SuperLink and N SuperNodes on 127.0.0.1, print how to run against them, say when a SuperNode exits
+    (and clean up after it), stop them on Ctrl-C."""
 
     def body() -> None:
         import signal
@@ -283,6 +285,9 @@ def local_cluster(
             try:
                 while True:
                     time.sleep(1)
+                    for index in cluster.dead_nodes():  # reaped there: no stray ClientApps left behind
+                        out_console.print(f"{cluster.describe_exit(index)}; the run goes on without it.",
+                                          highlight=False, soft_wrap=True)
             except KeyboardInterrupt:
                 out_console.print("stopping the cluster...")
         out_console.print("cluster stopped.")

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from manytask.client.trainer import TrainConfig
+from manytask.engine.adversaries import AdversaryConfig
 from manytask.errors import ManytaskError, clipped
 from manytask.input_limits import load_limited, read_config_text, shown_path
 from manytask.registry import Params
@@ -92,6 +93,9 @@ class RunConfig(Params):
     )
     plugins: list[Named | None] | None = Field(
         default=None, description="run every method entry with each of these plug-ins (null: the method alone)"
+    )
+    adversaries: AdversaryConfig | None = Field(
+        default=None, description="attack simulation: which clients corrupt their replies, and how"
     )
 
     @field_validator("method", mode="before")

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from manytask.benchmarks import Benchmark, build_benchmark
 from manytask.client.trainer import TaskData
 from manytask.config import RunConfig, method_label, split_method, split_plugin
+from manytask.engine.adversaries import attacking_clients
 from manytask.errors import ManytaskError
 from manytask.federation import Federation, build_federation
 from manytask.methods import METHODS, PLUGINS, ClientProgram, MethodDef, ServerProgram, Setup
@@ -73,7 +74,15 @@ class Experiment:
         experiment = cls(config, method_label(config.method), name, method, params, benchmark, federation, setup,
                          description, plugin, plugin_params)
         experiment.total_rounds  # noqa: B018  (a method's round plan refuses impossible settings here, before any file)
+        experiment.adversary_clients  # noqa: B018  (attackers the federation does not have are refused here too)
         return experiment
+
+    @property
+    def adversary_clients(self) -> frozenset[int]:
+        """The clients that corrupt their replies (`adversaries:`), none without attack simulation."""
+        attack = self.config.adversaries
+        return frozenset() if attack is None else attacking_clients(attack, self.federation.num_clients,
+                                                                    self.config.seed)
 
     @property
     def total_rounds(self) -> int:

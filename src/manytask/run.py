@@ -12,7 +12,7 @@ from typing import Any
 
 from manytask.config import RunConfig, load_yaml, method_label, to_yaml, validate
 from manytask.engine.local import local_engine
-from manytask.engine.loop import RoundObserver
+from manytask.engine.loop import RoundFailed, RoundObserver
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment, make_benchmark
 from manytask.rundir import RunDir
@@ -79,15 +79,27 @@ def _execute(
     config: RunConfig, experiments: list[Experiment], out: Path, observer: RoundObserver | None,
     stop_after: int | None,
 ) -> Summaries | None:
+    """Run every member not finished yet. A member whose round fails does not stop a comparison: its summary is that
+    of its completed rounds (written by the loop), the others run, and the failures are raised together at the end."""
     summaries: Summaries = {}
+    failures: list[str] = []
     for exp in experiments:
         run_dir = member_dir(config, out, exp.label)
-        summary = _load_summary(run_dir) if run_dir.is_finished() else engine_for(exp, run_dir, observer)(stop_after)
+        try:
+            summary = _load_summary(run_dir) if run_dir.is_finished() else engine_for(exp, run_dir, observer)(
+                stop_after)
+        except RoundFailed as failure:
+            if not config.is_comparison:
+                raise
+            failures.append(f"{exp.label}: {failure}")
+            summary = _load_summary(run_dir)
         if summary is None:
             return None
         summaries[exp.label] = summary
     if config.is_comparison:
         _write_comparison(config, summaries, out)
+    if failures:
+        raise RoundFailed(" ".join(failures))
     return summaries
 
 

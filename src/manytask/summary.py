@@ -73,7 +73,27 @@ def build_summary(
         "total_test_loss": total_test_loss(last_eval["eval"]),
         "power_watts": config.power_watts,  # the stated power behind an energy estimate
         **energy_totals(rows, config.power_watts),  # energy_joules, energy_estimated, energy_source
+        "failed_clients": failed_clients(rows),
+        "adversaries": None if config.adversaries is None else {
+            **config.adversaries.model_dump(mode="json", exclude_none=True),
+            "attackers": sorted(experiment.adversary_clients)},
     }
+
+
+def failed_clients(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every client that failed a round (lost, dropped, or its reply refused): in how many rounds, the last of them,
+    and the reason it gave most often (the latest among equals)."""
+    failed: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        for client, reason in row.get("failures", {}).items():
+            entry = failed.setdefault(client, {"rounds": 0, "last_round": 0, "reasons": {}})
+            entry["rounds"] += 1
+            entry["last_round"] = row["round"]
+            entry["reasons"][reason] = entry["reasons"].get(reason, 0) + 1
+    for entry in failed.values():
+        reasons = entry.pop("reasons")
+        entry["reason"] = max(reversed(list(reasons)), key=reasons.get)
+    return dict(sorted(failed.items(), key=lambda item: int(item[0])))
 
 
 def describe_backbone(experiment: Experiment) -> str:

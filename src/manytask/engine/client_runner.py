@@ -16,6 +16,7 @@ from torch import Tensor
 from manytask.client.trainer import TaskData
 from manytask.client.vectorized import NotVectorizable
 from manytask.devices import CPU, on_device, resolve_device
+from manytask.engine.adversaries import Adversary
 from manytask.experiment import Experiment
 from manytask.messages import Message, decode, encode
 from manytask.methods.base import ClientContext, Metrics
@@ -33,6 +34,9 @@ class ClientRunner:
         self._data: OrderedDict[int, TaskData] = OrderedDict()  # the most recently asked-for clients' data
         self.notices: set[str] = set()  # why clients could not be vectorized, each told once
         self.device = self._device(resolve_device(experiment.config.device))
+        attack = experiment.config.adversaries
+        self.adversary = None if attack is None else Adversary(attack, experiment.adversary_clients,
+                                                               experiment.config.seed)
 
     def fit(
         self, client: int, round_index: int, payload: bytes | None, state: ClientState
@@ -43,10 +47,11 @@ class ClientRunner:
         seed = derive_seed(self.exp.config.seed, "client", round_index, client)
         ctx = self._context(client, round_index, state, seed)
         began = time.perf_counter()
-        reply = self.program.fit(ctx, _decoded(payload))
+        received = _decoded(payload)
+        reply = self.program.fit(ctx, received)
         seconds = time.perf_counter() - began
         state.update(on_device(state, CPU))  # client state is kept (and checkpointed) on the CPU
-        return (None if reply is None else encode(reply)), seconds
+        return self._upload(client, round_index, received, reply), seconds
 
     def fit_many(
         self, clients: list[int], round_index: int, payloads: Mapping[int, bytes | None],
@@ -57,15 +62,23 @@ class ClientRunner:
         ctxs = [self._context(c, round_index, states[c], derive_seed(self.exp.config.seed, "client", round_index, c))
                 for c in clients]
         began = time.perf_counter()
+        received = [_decoded(payloads[c]) for c in clients]
         try:
-            replies = self.program.fit_many(ctxs, [_decoded(payloads[c]) for c in clients])
+            replies = self.program.fit_many(ctxs, received)
         except NotVectorizable as why:
             self._notice(str(why))
             return {c: self.fit(c, round_index, payloads[c], states[c]) for c in clients}
         seconds = (time.perf_counter() - began) / len(clients)
         for client in clients:
             states[client].update(on_device(states[client], CPU))
-        return {c: (None if r is None else encode(r), seconds) for c, r in zip(clients, replies, strict=True)}
+        return {c: (self._upload(c, round_index, p, r), seconds)
+                for c, p, r in zip(clients, received, replies, strict=True)}
+
+    def _upload(self, client: int, round_index: int, payload: Message | None, reply: Message | None) -> bytes | None:
+        """What the client sends: its serialized reply, corrupted where it is a simulated adversary."""
+        if reply is None:
+            return None
+        return encode(reply) if self.adversary is None else self.adversary.upload(client, round_index, payload, reply)
 
     def _device(self, device: torch.device) -> torch.device:
         """`device` where the program can train there; the CPU, with a notice, where it cannot yet."""

@@ -206,6 +206,31 @@ def _curve_plots(
     return plots
 
 
+FAILED_SHOWN = 10  # clients listed by name in a report; the rest are counted
+
+
+def _failure_lines(record: RunRecord) -> list[tuple[str, str]]:
+    """The simulated attack, if any, and every client that failed a round (lost, dropped or refused) with why."""
+    s = record.summary
+    lines = []
+    if s.get("adversaries"):
+        attack = dict(s["adversaries"])
+        lines.append(("attack simulated", f"{attack.pop('attack')} by clients {attack.pop('attackers')} "
+                      f"({_describe(attack)})"))
+    failed = s.get("failed_clients") or {}
+    for client, entry in list(failed.items())[:FAILED_SHOWN]:
+        lines.append((f"client {client}", f"failed {entry['rounds']} round(s), the last in round "
+                      f"{entry['last_round']}: {entry['reason']}"))
+    if len(failed) > FAILED_SHOWN:
+        lines.append(("other clients", f"{len(failed) - FAILED_SHOWN} more failed at least one round"))
+    return lines
+
+
+def _failure_section(record: RunRecord) -> list[str]:
+    lines = _failure_lines(record)
+    return ["## Failed clients and attacks\n", _bullets(lines)] if lines else []
+
+
 def _stopped_note(record: RunRecord) -> list[str]:
     stopped = record.summary.get("stopped")
     if not stopped:
@@ -239,6 +264,7 @@ def _single_report(
         _bullets(_communication_lines(record)),
         "## Time and energy\n",
         _bullets(_time_lines(record)),
+        *_failure_section(record),
         *_community_section(record),
         *([] if base is None else _delta_section([record], base)),
         "## Plots\n",
@@ -296,10 +322,11 @@ def _run_section(record: RunRecord) -> str:
     setup = f"{s.get('method', MISSING)} ({_describe(s.get('method_params'))})"
     return "\n".join([
         f"### {record.label}\n",
+        *_stopped_note(record),
         f"method: {setup}; pretraining: {_describe(s.get('pretraining'))}\n",
         markdown_table(*task_rows(record)),
         _bullets(_average_lines(record) + _communication_lines(record) + _time_lines(record)
-                 + _community_lines(record)),
+                 + _community_lines(record) + _failure_lines(record)),
     ])
 
 
