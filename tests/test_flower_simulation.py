@@ -27,13 +27,17 @@ def summaries(*run_dirs: Path) -> list[dict]:
     return [json.loads((run_dir / "summary.json").read_text()) for run_dir in run_dirs]
 
 
-def test_fedavg_and_fedprox_match_the_local_engine_in_flower_sim(tmp_path):
-    local, sim = run_local_and_sim(
-        tmp_path, small_config_dict(method=["fedavg", {"name": "fedprox", "mu": 0.1}], rounds=2))
+def test_fedavg_and_fedprox_match_the_local_engine_in_flower_sim_under_attack(tmp_path):
+    """Client 1 scales its update ×1e3 (`adversaries:` acts in the client runner, so on Flower's clients too): both
+    engines refuse it alike and give the same numbers."""
+    local, sim = run_local_and_sim(tmp_path, small_config_dict(
+        method=["fedavg", {"name": "fedprox", "mu": 0.1}], rounds=2, adversaries={"clients": [1], "attack": "scale"}))
     for label in ("fedavg", "fedprox"):
         a, b = summaries(local / label, sim / label)
         assert a["tasks"] == b["tasks"], label
         assert (a["bytes_up"], a["bytes_down"]) == (b["bytes_up"], b["bytes_down"])
+        assert a["failed_clients"] == b["failed_clients"] and list(a["failed_clients"]) == ["1"], label
+        assert "divergence guard" in b["failed_clients"]["1"]["reason"]
 
 
 def test_client_state_survives_rounds_in_flower_context(tmp_path):
