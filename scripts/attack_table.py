@@ -20,16 +20,22 @@ from manytask.config import default_config, validate
 from manytask.engine.loop import RoundFailed
 from manytask.run import resume, run_config
 
-HOST = {"name": "fedavg"}  # joint: one update per client, so Krum chooses among clients
-UNGUARDED = {**HOST, "guard": 0}  # each plug-in measured alone, without the host's divergence guard
-MEMBERS = [
-    {**HOST, "label": "fedavg"},
-    {**UNGUARDED, "label": "fedavg-unguarded"},
-    {**UNGUARDED, "plugin": "clip", "label": "clip"},
-    {**UNGUARDED, "plugin": "median", "label": "median"},
-    {**UNGUARDED, "plugin": {"name": "trimmed-mean", "trim": 0.2}, "label": "trimmed-mean"},  # β ≥ the attackers
-    {**UNGUARDED, "plugin": {"name": "krum", "byzantine": 2, "select": 6}, "label": "multi-krum"},
-]
+
+def members(per_task: bool) -> list[dict[str, Any]]:
+    """FedAvg (joint by default: one update per client, so Krum chooses among clients; `per_task` is the default
+    job's FedAvg) alone, and each plug-in alone: without the host's divergence guard, so each column is one
+    defense."""
+    host = {"name": "fedavg", "per_task": per_task}
+    unguarded = {**host, "guard": 0}
+    return [
+        {**host, "label": "fedavg"},
+        {**unguarded, "label": "fedavg-unguarded"},
+        {**unguarded, "plugin": "clip", "label": "clip"},
+        {**unguarded, "plugin": "median", "label": "median"},
+        {**unguarded, "plugin": {"name": "trimmed-mean", "trim": 0.2}, "label": "trimmed-mean"},  # β ≥ attackers
+        {**unguarded, "plugin": {"name": "krum", "byzantine": 2, "select": 6}, "label": "multi-krum"},
+    ]
+
 ATTACKS: dict[str, dict[str, Any] | None] = {
     "none": None,
     "garbage": {"attack": "garbage"},
@@ -45,8 +51,10 @@ ATTACKS: dict[str, dict[str, Any] | None] = {
 }
 
 
-def run_attack(name: str, attack: dict[str, Any] | None, out: Path, rounds: int, fraction: float) -> dict[str, Any]:
-    data = {**default_config(), "name": f"attack-{_slug(name)}", "method": MEMBERS, "rounds": rounds,
+def run_attack(
+    name: str, attack: dict[str, Any] | None, entries: list[dict[str, Any]], out: Path, rounds: int, fraction: float
+) -> dict[str, Any]:
+    data = {**default_config(), "name": f"attack-{_slug(name)}", "method": entries, "rounds": rounds,
             "eval_every": rounds, "reference": None}
     if attack is not None:
         data["adversaries"] = {"fraction": fraction, **attack}
@@ -55,7 +63,7 @@ def run_attack(name: str, attack: dict[str, Any] | None, out: Path, rounds: int,
         resume(directory) if directory.exists() else run_config(validate(data), directory)
     except RoundFailed as failure:  # a member whose round failed: its summary is that of the rounds before
         print(f"{name}: {failure}", flush=True)
-    return {m["label"]: _figures(directory / m["label"]) for m in MEMBERS}
+    return {m["label"]: _figures(directory / m["label"]) for m in entries}
 
 
 def _figures(run_dir: Path) -> dict[str, Any]:
@@ -80,7 +88,7 @@ def _cell(figures: dict[str, Any]) -> str:
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    labels = [m["label"] for m in MEMBERS]
+    labels = list(next(iter(results.values())))
     lines = ["| attack | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
     for attack, members in results.items():
         cells = [_cell(members[label]) for label in labels]
@@ -94,13 +102,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--fraction", type=float, default=0.2, help="share of clients that attack")
     parser.add_argument("--only", nargs="*", help="attacks to run (default: all)")
+    parser.add_argument("--per-task", action="store_true", help="FedAvg as the default job runs it (per_task)")
     args = parser.parse_args()
+    entries = members(args.per_task)
     results = {}
     for name, attack in ATTACKS.items():
         if args.only and name not in args.only:
             continue
         began = time.perf_counter()
-        results[name] = run_attack(name, attack, args.out, args.rounds, args.fraction)
+        results[name] = run_attack(name, attack, entries, args.out, args.rounds, args.fraction)
         print(f"{name}: {time.perf_counter() - began:.0f} s", flush=True)
     print("\nfinal average accuracy % (replies refused over the run)\n")
     print(table(results))

@@ -73,3 +73,28 @@ def test_a_comparison_killed_while_creating_its_members_resumes(tmp_path, uninte
     if left == "config temporary":
         (member / "config.yaml.tmp").write_text("method: loc")  # cut short before its rename
     _same(resume(out), uninterrupted, out)
+
+
+def test_a_run_killed_while_writing_its_first_file_starts_again_in_the_same_directory(tmp_path, uninterrupted):
+    """The kill campaign's finding: a kill while the root config.yaml is written leaves only its temporary. Resume
+    says to start again; starting again into the same --out works (the temporary is cleared)."""
+    from manytask.errors import ManytaskError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml.tmp").write_text("name: sm")
+    with pytest.raises(ManytaskError, match="stopped before its config was written: start it again with manytask "
+                                            "run CONFIG --out"):
+        resume(out)
+    _same(run_config(validate(COMPARISON), out), uninterrupted, out)
+    assert not (out / "config.yaml.tmp").exists()
+
+
+def test_safetensors_own_temporaries_are_removed_on_resume(tmp_path, uninterrupted):
+    """safetensors writes through `.tmpXXXXXX` before its rename: a kill there leaves one behind."""
+    out = tmp_path / "run"
+    run_config(validate(COMPARISON), out, stop_after=2)
+    stray = out / "fedavg" / ".tmpa1B2c3"
+    stray.write_bytes(b"\0" * 100)
+    _same(resume(out), uninterrupted, out)
+    assert not stray.exists()

@@ -15,6 +15,7 @@ from manytask.engine.local import local_engine
 from manytask.engine.loop import RoundFailed, RoundObserver
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment, make_benchmark
+from manytask.input_limits import shown_path
 from manytask.rundir import RunDir
 from manytask.summary import normalize
 
@@ -49,7 +50,10 @@ def resume(out: Path, observer: RoundObserver | None = None, stop_after: int | N
     """Continue a stopped run from its checkpoints; finished members are kept as they are."""
     root = RunDir(out)
     if not root.config.is_file():
-        raise ManytaskError(f"'{out}' is not a manytask run directory (it has no config.yaml).")
+        killed = root.path.is_dir() and not root.holds_more_than_temporaries()
+        hint = (f"; it was stopped before its config was written: start it again with manytask run CONFIG --out "
+                f"{shown_path(out)}" if killed else "")
+        raise ManytaskError(f"'{shown_path(out)}' is not a manytask run directory (it has no config.yaml){hint}.")
     config = validate(load_yaml(root.config))
     experiments = plan(config)
     for exp in experiments:  # a comparison killed while it created its members' directories

@@ -36,7 +36,7 @@ class RunDir:
             if self.path.exists() and not self.path.is_dir():
                 raise ManytaskError(f"run directory '{shown}' is an existing file, not a directory; choose another "
                                     "--out.")
-            if self.path.is_dir() and any(self.path.iterdir()):
+            if self.path.is_dir() and self.holds_more_than_temporaries():
                 raise ManytaskError(
                     f"run directory '{shown}' already exists and is not empty; "
                     f"choose another --out or continue it with --resume {shown}."
@@ -45,6 +45,7 @@ class RunDir:
         except OSError as err:
             raise ManytaskError(f"run directory '{shown}' cannot be used ({err.strerror or err}); choose another "
                                 "--out.") from None
+        self.remove_temporaries()  # a run killed while writing its first file left only those: start it anew
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             if not os.access(self.path, os.W_OK | os.X_OK):
@@ -95,9 +96,20 @@ class RunDir:
         complete = lines if text.endswith("\n") else lines[:-1]
         return [json.loads(line) for line in complete if line.strip()]
 
+    def temporaries(self) -> list[Path]:
+        """Files an interrupted atomic write left behind: ours (`<name>.tmp`) and those safetensors writes through
+        before renaming (`.tmp` + 6 characters)."""
+        if not self.path.is_dir():
+            return []
+        return sorted({*self.path.glob("*.tmp"), *self.path.glob(".tmp??????")})
+
+    def holds_more_than_temporaries(self) -> bool:
+        stray = set(self.temporaries())
+        return any(path not in stray for path in self.path.iterdir())
+
     def remove_temporaries(self) -> list[Path]:
-        """Delete the `*.tmp` files an interrupted atomic write left behind (the file it replaces is intact)."""
-        stray = sorted(self.path.glob("*.tmp")) if self.path.is_dir() else []
+        """Delete the temporaries an interrupted atomic write left behind (the file it replaces is intact)."""
+        stray = self.temporaries()
         for path in stray:
             path.unlink()
         return stray
