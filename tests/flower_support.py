@@ -83,3 +83,61 @@ def write_test_certificates(directory: Path) -> tuple[Path, Path, Path]:
     paths[2].write_bytes(server_key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return paths
+
+
+class FakeGrid:
+    """A stand-in for Flower's `Grid` on the ServerApp side, for the transport's logic without daemons. Each node
+    (id -> partition-id) is "up" (answers at once), "dead" (still listed, never answers: a killed SuperNode
+    before its heartbeats expire) or "offline" (not listed; the SuperLink answers NODE_UNAVAILABLE)."""
+
+    def __init__(self, partitions: dict[int, int]) -> None:
+        from flwr.app import Message
+
+        self.partition = dict(partitions)
+        self.state = dict.fromkeys(partitions, "up")
+        self.waiting: dict[str, Message] = {}
+        self.pushed: list[Message] = []
+        self.pulls = 0  # pull requests: a round that waits for nothing pulls once
+
+    def get_node_ids(self) -> list[int]:
+        return [node for node, state in self.state.items() if state != "offline"]
+
+    def push_messages(self, messages):
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = message.object_id  # as Flower's Grid does
+            self.waiting[message.metadata.message_id] = message
+            self.pushed.append(message)
+        return [m.metadata.message_id for m in messages]
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        replies = []
+        for message_id in message_ids:
+            message = self.waiting[message_id]
+            state = self.state[message.metadata.dst_node_id]
+            if state != "dead":
+                replies.append(self._answer(message) if state == "up" else _offline(message))
+                del self.waiting[message_id]
+        return replies
+
+    def sent_to(self, node: int, kind: str) -> int:
+        return sum(m.metadata.dst_node_id == node and m.metadata.message_type == kind for m in self.pushed)
+
+    def _answer(self, message):
+        from flwr.app import ConfigRecord, Message, RecordDict
+
+        from manytask.engine.flower.records import CONTROL_RECORD, METRICS_RECORD, metrics_record, request
+
+        kind = message.metadata.message_type
+        if kind == "query":
+            client = self.partition[message.metadata.dst_node_id]
+            return Message(RecordDict({CONTROL_RECORD: ConfigRecord({"client": client})}), reply_to=message)
+        if kind == "train":
+            return Message(request(b"reply", {"seconds": 0.0}), reply_to=message)
+        return Message(RecordDict({METRICS_RECORD: metrics_record({"t": {"accuracy": 1.0}})}), reply_to=message)
+
+
+def _offline(message):
+    from flwr.app import Error, Message
+
+    return Message(Error(5, "Error: Node Unavailable"), reply_to=message)

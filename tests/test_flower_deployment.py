@@ -1,19 +1,30 @@
 """Real Flower deployments on loopback: a SuperLink and SuperNodes as separate processes, runs submitted with
-`flwr run`. Same numbers as the local engine, a killed SuperNode, TLS, and no listener beyond loopback."""
+`flwr run`. Same numbers as the local engine, a killed SuperNode (lost once, never waited for again), TLS, no
+listener beyond loopback, and `local-cluster` noticing a dead SuperNode. The transport's handling of lost nodes is
+also checked against a fake Grid (fast), where a node can die in the middle of a run at an exact round."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from manytask.config import validate
 from manytask.run import resume, run_config
 from tests.conftest import small_config_dict
-from tests.flower_support import listeners_of, write_test_certificates
+from tests.flower_support import FakeGrid, listeners_of, write_test_certificates
 
 pytest.importorskip("flwr")
-from manytask.engine.flower.cluster import LocalCluster, TLSFiles
+from flwr.supercore.task_identity import TaskIdentity
 
-pytestmark = pytest.mark.slow
+from manytask.engine.flower import transport as transport_module
+from manytask.engine.flower.cluster import LocalCluster, TLSFiles
+from manytask.engine.flower.transport import GridTransport
+from manytask.report import write_report
+
 THREE_CLIENTS = {"num_clients": 3, "tasks": {"kind": "dirichlet", "zeta": 1.0}, "samples": {"kind": "iid"}}
 
 
@@ -28,6 +39,7 @@ def _assert_loopback_only(cluster):
     assert all(a.startswith("127.0.0.1:") for a in addresses), addresses
 
 
+@pytest.mark.slow
 def test_fedavg_and_fedprox_on_three_supernodes_match_the_local_engine(tmp_path):
     methods = ["fedavg", {"name": "fedprox", "mu": 0.1}]
     local = run_config(validate(small_config_dict(federation=THREE_CLIENTS, method=methods, rounds=2, eval_every=2)),
@@ -42,20 +54,96 @@ def test_fedavg_and_fedprox_on_three_supernodes_match_the_local_engine(tmp_path)
         assert deployed[label]["bytes_down"] == local[label]["bytes_down"]
 
 
-def test_a_killed_supernode_becomes_a_logged_dropout_and_the_run_finishes(tmp_path):
+ROUND_TIMEOUT = 40  # the deployment below waits it once, for the killed node; rounds take 10-20 s on 2 busy cores
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_after_round_3_costs_one_timeout_and_is_reported(tmp_path):
     run_dir = tmp_path / "run"
     with LocalCluster(3, tmp_path / "cluster") as cluster:
-        config = _deployed(cluster, tmp_path, method="fedavg", rounds=3, flower={"round_timeout": 40})
-        assert run_config(validate(config), run_dir, stop_after=1) is None  # round 1 done, checkpointed
-        cluster.kill_node(2)  # between rounds 1 and 2: driven by the round counter, not by a clock
-        summary = resume(run_dir)["fedavg"]
+        config = _deployed(cluster, tmp_path, method="fedavg", rounds=5, flower={"round_timeout": ROUND_TIMEOUT})
+        first = _timed(lambda: run_config(validate(config), run_dir, stop_after=3))  # rounds 1-3, checkpointed
+        cluster.kill_node(2)  # between rounds 3 and 4: driven by the round counter, not by a clock
+        second = _timed(lambda: resume(run_dir))  # rounds 4-5: the SuperLink still lists the dead node
+        assert cluster.dead_nodes() == [2] and cluster.dead_nodes() == []  # reported once
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["dropped"] == []
-    assert all(2 in r["dropped"] and "2" in r["failures"] for r in rows[1:]), [r["failures"] for r in rows]
-    assert all(set(r["bytes_up"]) == {"0", "1"} for r in rows[1:])
-    assert summary["rounds"] == 3 and summary["tasks"]
+    healthy, after = rows[:3], rows[3:]
+    seconds = [round(r["wall_seconds"], 1) for r in rows]
+    print(f"wall seconds per round: {seconds}; run 1 (3 rounds) {first:.1f} s, resumed run (2 rounds) {second:.1f} s")
+    assert all(r["dropped"] == [] for r in healthy)
+    assert all(r["dropped"] == [2] and "not waited for since" in r["failures"]["2"] for r in after), rows
+    assert all(set(r["bytes_up"]) == {"0", "1"} for r in after)
+    # The one timeout is the resumed run's handshake (the SuperLink lists the dead node until its heartbeats
+    # expire); no round waits for the node: its reason is the handshake's in both rounds, never a round's "no reply
+    # within". The seconds are printed for the record (docs/robustness.md), not asserted: CI machines are busy.
+    failed = json.loads((run_dir / "summary.json").read_text())["failed_clients"]
+    assert list(failed) == ["2"] and failed["2"]["rounds"] == 2 and "handshake" in failed["2"]["reason"]
+    assert "client 2" in write_report(run_dir).read_text()
 
 
+@pytest.mark.slow
+def test_local_cluster_command_reports_a_dead_supernode_and_reaps_its_children(tmp_path):
+    """The SuperNode's own process dies alone (its flower-superexec child lives on): the command says so once and
+    kills what the node left behind, and keeps the cluster up until told to stop."""
+    command = [sys.executable, "-m", "manytask.cli", "flower", "local-cluster", "--nodes", "1",
+               "--workdir", str(tmp_path / "cluster")]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as cli:
+        try:
+            started = _read_until(cli, "Ctrl-C stops the cluster")
+            node = _supernode_pid(cli.pid)
+            assert len(_eventually(lambda: _group(node), lambda group: len(group) >= 2)) >= 2  # + flower-superexec
+            os.kill(node, signal.SIGKILL)
+            line = _read_until(cli, "the run goes on without it")[-1]
+            assert f"SuperNode 0 (pid {node}) exited with code -9; its log: " in line, line
+            assert "supernode0.log" in line
+            ended = _eventually(lambda: _group(node), lambda group: all(state.startswith("Z") for state in group))
+            assert all(state.startswith("Z") for state in ended), ended  # nothing left running, zombies at most
+        finally:
+            cli.send_signal(signal.SIGTERM)
+            rest = cli.communicate(timeout=60)[0]
+    assert "SuperLink on 127.0.0.1:" in "".join(started) and "cluster stopped." in rest
+    assert "exited with code" not in rest  # said once
+
+
+def _timed(action) -> float:
+    began = time.monotonic()
+    action()
+    return time.monotonic() - began
+
+
+def _read_until(process: subprocess.Popen, text: str) -> list[str]:
+    """Lines of the process's output up to the first that contains `text` (fails at EOF)."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"no line with {text!r} in: {''.join(lines)}")
+
+
+def _supernode_pid(parent: int) -> int:
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(parent)], capture_output=True, text=True).stdout
+    return next(int(line.split()[0]) for line in out.splitlines() if "flower-supernode" in line)
+
+
+def _group(pgid: int) -> list[str]:
+    """Process states (ps STAT) of the members of one process group."""
+    out = subprocess.run(["ps", "-e", "-o", "pgid=,stat="], capture_output=True, text=True).stdout
+    return [state for group, state in (line.split() for line in out.splitlines()) if int(group) == pgid]
+
+
+def _eventually(get, ready, within: float = 30.0):
+    """`get()` once `ready` holds for it, or as it is at the deadline (which only bounds a failure)."""
+    deadline = time.monotonic() + within
+    value = get()
+    while not ready(value) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = get()
+    return value
+
+
+@pytest.mark.slow
 def test_tls_deployment_completes_two_rounds(tmp_path):
     ca, cert, key = write_test_certificates(tmp_path / "certs")
     with LocalCluster(3, tmp_path / "cluster", tls=TLSFiles(ca, cert, key)) as cluster:
@@ -65,3 +153,75 @@ def test_tls_deployment_completes_two_rounds(tmp_path):
     assert summary["rounds"] == 2
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
     assert "--insecure" not in log and "insecure" not in log.lower()
+
+
+# -- the transport against a fake Grid: a node dies (or comes back) at an exact point of a run ------------------------
+
+FAKE_TIMEOUT = 0.5
+
+
+@pytest.fixture
+def grid(monkeypatch):
+    """A FakeGrid of nodes 10, 11, 12 serving clients 0, 1, 2, in a process set up as a ServerApp's is."""
+    monkeypatch.setattr(transport_module, "PULL_INTERVAL", 0.01)
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+    return FakeGrid({10: 0, 11: 1, 12: 2})
+
+
+def _transport(grid):
+    return GridTransport(grid, 3, "config", round_timeout=FAKE_TIMEOUT, connect_timeout=5)
+
+
+def _fake_round(transport, index):
+    """One fit round to all three clients: (failures, whether it waited). A round that waits for nobody collects
+    every reply with one pull; one that waits polls again until its deadline. Counted, not timed."""
+    pulls = transport.grid.pulls
+    outcome = transport.fit(index, {0: b"x", 1: b"x", 2: b"x"}, set())
+    assert set(outcome.replies) | set(outcome.failures) == {0, 1, 2}
+    return outcome.failures, transport.grid.pulls - pulls > 1
+
+
+def test_a_node_silent_in_one_round_is_lost_and_not_waited_for_again(grid):
+    transport = _transport(grid)
+    assert _fake_round(transport, 0)[0] == {}
+    grid.state[12] = "dead"  # killed during round 2, still listed by the SuperLink
+    failures, waited = _fake_round(transport, 1)
+    assert failures == {2: "no reply within 0.5 s"} and waited
+    for index in (2, 3, 4):
+        failures, waited = _fake_round(transport, index)
+        assert failures == {2: "its SuperNode gave no reply in round 2 within 0.5 s; not waited for since"}
+        assert not waited
+    assert grid.sent_to(12, "train") == 2  # rounds 1 and 2 only
+    assert grid.sent_to(12, "query") == 2  # the handshake and one probe, still pending: no pile-up
+    assert transport.evaluate({0: b"x", 2: b"x"}).keys() == {0}
+
+
+def test_a_lost_node_that_answers_its_probe_is_back_for_the_next_round(grid):
+    transport = _transport(grid)
+    grid.state[12] = "dead"
+    _fake_round(transport, 0)
+    grid.state[12] = "up"  # it was only slow, or its network came back
+    failures, waited = _fake_round(transport, 1)  # its probe is answered on the way, the round does not wait
+    assert set(failures) == {2} and not waited and transport.lost == {}
+    assert _fake_round(transport, 2)[0] == {}
+
+
+def test_an_offline_node_is_lost_at_once_and_a_restarted_one_takes_over_its_client(grid):
+    transport = _transport(grid)
+    grid.state[12] = "offline"  # heartbeats expired: the SuperLink answers for it at once
+    failures, waited = _fake_round(transport, 0)
+    assert failures[2].startswith("error 5") and not waited
+    assert transport.lost[2] == ("its SuperNode went offline in round 1 (the SuperLink missed its heartbeats); "
+                                 "not waited for since")
+    grid.partition[13], grid.state[13] = 2, "up"  # the restarted SuperNode registers with a new node id
+    assert _fake_round(transport, 1)[0] == {} and transport.nodes[2] == 13
+
+
+def test_a_node_dead_before_the_handshake_is_unreached_until_a_new_node_serves_its_client(grid):
+    grid.state[12] = "dead"  # a resumed run whose node died: still listed, so its handshake times out once
+    transport = _transport(grid)
+    failures, waited = _fake_round(transport, 0)
+    assert "handshake" in failures[2] and not waited
+    grid.state[12], grid.partition[13], grid.state[13] = "offline", 2, "up"
+    assert _fake_round(transport, 1)[0] == {} and transport.nodes[2] == 13 and transport.unreached == {}

@@ -286,7 +286,7 @@ def local_cluster(
                 while True:
                     time.sleep(1)
                     for index in cluster.dead_nodes():  # reaped there: no stray ClientApps left behind
-                        out_console.print(f"{cluster.describe_exit(index)}; the run goes on without it.",
+                        out_console.print(f"{escape(cluster.describe_exit(index))}; the run goes on without it.",
                                           highlight=False, soft_wrap=True)
             except KeyboardInterrupt:
                 out_console.print("stopping the cluster...")

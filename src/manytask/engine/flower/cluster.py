@@ -79,6 +79,7 @@ class LocalCluster:
         self.port = port or free_port()
         self.superlink: subprocess.Popen | None = None
         self.supernodes: list[subprocess.Popen] = []
+        self.reported: set[int] = set()  # SuperNodes whose exit `dead_nodes` has already returned
 
     @property
     def address(self) -> str:
@@ -115,6 +116,21 @@ class LocalCluster:
         """SIGKILL one SuperNode (a crashed machine), for failure tests."""
         _signal_group(self.supernodes[index], signal.SIGKILL)
         self.supernodes[index].wait(timeout=30)
+
+    def dead_nodes(self) -> list[int]:
+        """SuperNodes that exited since the last call, each returned once. Each one's process group is killed: a
+        SuperNode that dies alone leaves its children (flower-superexec, flwr-clientapp) running otherwise."""
+        dead = [i for i, p in enumerate(self.supernodes) if i not in self.reported and p.poll() is not None]
+        for index in dead:
+            _signal_group(self.supernodes[index], signal.SIGKILL)
+        self.reported.update(dead)
+        return dead
+
+    def describe_exit(self, index: int) -> str:
+        """One line on a SuperNode that exited: which, its exit code (negative: the signal) and where its log is."""
+        process = self.supernodes[index]
+        return (f"SuperNode {index} (pid {process.pid}) exited with code {process.returncode}; "
+                f"its log: {self._log(f'supernode{index}')}")
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM every daemon we started, and its process group, then wait; SIGKILL what lingers."""
