@@ -1,21 +1,72 @@
 """Checkpoints: server state, client states, RNG state and round in ONE safetensors file, replaced atomically.
 
 Tensors are stored under `server/<name>`, `client/<id>/<name>` and `rng/torch`; the round and other JSON-able
-facts go in the file's metadata. Writing goes to a temporary file that `os.replace` swaps in, so a crash leaves
-either the previous checkpoint or the new one, never a torn file."""
+facts go in the file's metadata under "manytask", as JSON. Writing goes to a temporary file that `os.replace` swaps
+in, so a crash leaves either the previous checkpoint or the new one, never a torn file.
+
+Integrity (issue 17). The metadata also holds, under "manytask-digest", a SHA-256 over every tensor (in sorted name
+order: its name, dtype, shape and bytes) and over the "manytask" JSON text itself, and that JSON names the run the
+checkpoint belongs to (`RunIdentity`: a hash of the run's config, its method and label, its total rounds). Loading
+verifies the digest; given the identity of the run that loads it, it also refuses a checkpoint of another run, a
+round outside 0..total rounds, and NaN or infinite values in the server state. Every failure is a `ManytaskError` of
+one sentence naming the file and what to do, never a library traceback.
+
+The config hash leaves out `PLACEMENT_FIELDS` (where and how fast clients train, which the numbers do not depend
+on); `manytask run --resume` reuses config.yaml as it is, so only a hand edit can change any field.
+
+Checkpoints written before digests (no "manytask-digest" in their metadata, hence no identity either) are still
+accepted: they are checked for readability, structure, round bounds and finite server values, but not for bit rot,
+nor for which run wrote them (one copied from another run may load and fail rounds later). A checkpoint saved with
+`Checkpoint.run` None has a digest but is not matched to a run."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
-from manytask.errors import ManytaskError
+from manytask.errors import ManytaskError, clipped
+from manytask.input_limits import shown_path
+
+if TYPE_CHECKING:
+    from manytask.config import RunConfig
+    from manytask.experiment import Experiment
+
+META_KEY = "manytask"
+DIGEST_KEY = "manytask-digest"
+
+# Config fields that say where and how fast a run's clients train, not what they compute (the config documents the
+# numbers as independent of them): a run directory whose config.yaml was edited in these alone still resumes.
+PLACEMENT_FIELDS = ("threads", "workers", "execution", "vector_clients", "device")
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Which run a checkpoint belongs to."""
+
+    config_hash: str  # `config_hash` of the run's single-method config
+    method: str  # the method's registry name
+    label: str  # the run's label (its sub-directory in a comparison)
+    total_rounds: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config_hash": self.config_hash, "method": self.method, "label": self.label,
+                "total_rounds": self.total_rounds}
+
+    def describe(self) -> str:
+        """For an error message (the values may come from a damaged file: each is clipped)."""
+        method = _shown(self.method, 30)
+        named = method if self.label == self.method else f"{method} labelled {_shown(self.label, 30)}"
+        return f"method {named}, {_shown(self.total_rounds, 12)} rounds, config {_shown(self.config_hash[:12], 12)}"
 
 
 @dataclass
@@ -25,6 +76,20 @@ class Checkpoint:
     clients: dict[int, dict[str, Tensor]]
     extra: dict = field(default_factory=dict)
     torch_rng: Tensor | None = None
+    run: RunIdentity | None = None  # None: a checkpoint written before checkpoints named their run
+
+
+def config_hash(config: RunConfig) -> str:
+    """SHA-256 of the run's validated config as canonical JSON, without the `PLACEMENT_FIELDS`."""
+    data = config.model_dump(mode="json")
+    for name in PLACEMENT_FIELDS:
+        data.pop(name, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def identity_of(experiment: Experiment) -> RunIdentity:
+    return RunIdentity(config_hash(experiment.config), experiment.method_name, experiment.label,
+                       experiment.total_rounds)
 
 
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
@@ -33,27 +98,163 @@ def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
         tensors.update({f"client/{client}/{k}": v for k, v in state.items()})
     if checkpoint.torch_rng is not None:
         tensors["rng/torch"] = checkpoint.torch_rng
-    tensors = {k: v.detach().contiguous().clone() for k, v in tensors.items()}
-    meta = {"round": checkpoint.round, "clients": sorted(checkpoint.clients), "extra": checkpoint.extra}
+    # one copy of each tensor, on the CPU and packed: what is written, hashed in place
+    tensors = {k: v.detach().to("cpu", copy=True, memory_format=torch.contiguous_format) for k, v in tensors.items()}
+    meta: dict[str, Any] = {"round": checkpoint.round, "clients": sorted(checkpoint.clients),
+                            "extra": checkpoint.extra}
+    if checkpoint.run is not None:
+        meta["run"] = checkpoint.run.to_json()
+    text = json.dumps(meta)
     tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"manytask": json.dumps(meta)})
+    save_file(tensors, str(tmp), metadata={META_KEY: text, DIGEST_KEY: _digest(tensors, text)})
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
+def load_checkpoint(path: Path, expected: RunIdentity | None = None) -> Checkpoint:
+    """Read and verify the checkpoint at `path`. With `expected` (the identity of the run loading it), also refuse a
+    checkpoint of another run, a round outside 0..`expected.total_rounds` and non-finite server values."""
+    tensors, metadata = _read(path)
+    text, digest = metadata.get(META_KEY), metadata.get(DIGEST_KEY)
+    if not isinstance(text, str):
+        raise _corrupt(path, "it has no manytask metadata")
     try:
-        tensors = load_file(str(path))
+        meta = json.loads(text)
+    except ValueError:
+        raise _corrupt(path, "its metadata is not valid JSON") from None
+    if not isinstance(meta, dict):
+        raise _corrupt(path, "its metadata is not a JSON object")
+    if digest is None and "run" in meta:  # only a damaged file names its run without a digest
+        raise _corrupt(path, "its metadata names its run but has no digest")
+    if digest is not None and digest != _digest(tensors, text):
+        raise _corrupt(path, "its tensors do not match their digest")
+    checkpoint = _parse(path, meta, tensors)
+    if expected is not None:
+        _check_belongs(path, checkpoint, expected)
+    return checkpoint
+
+
+def checkpoint_error(path: Path, problem: str) -> ManytaskError:
+    """'checkpoint P is corrupt (problem); delete it …', for a problem found after loading (a state that misfits)."""
+    return _corrupt(path, problem)
+
+
+def _read(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    try:
+        if path.stat().st_size == 0:
+            raise _unreadable(path, "it is empty")
         with safe_open(str(path), framework="pt") as handle:
-            meta = json.loads(handle.metadata()["manytask"])
-    except (OSError, KeyError, ValueError) as err:
-        raise ManytaskError(f"checkpoint '{path}' cannot be read ({err}).") from None
-    clients: dict[int, dict[str, Tensor]] = {int(c): {} for c in meta["clients"]}
+            metadata = handle.metadata() or {}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (not a dict)
+    except ManytaskError:
+        raise
+    except OSError as err:
+        raise _unreadable(path, err.strerror or type(err).__name__) from None
+    except Exception as err:  # SafetensorError (a bare Exception subclass), or torch refusing a dtype or shape
+        reason = " ".join(str(err).split()).removeprefix("Error while deserializing header: ") or type(err).__name__
+        raise _unreadable(path, f"it is truncated or not a safetensors file: {_shown(reason, 50)}") from None
+    return tensors, metadata
+
+
+def _parse(path: Path, meta: dict[str, Any], tensors: dict[str, Tensor]) -> Checkpoint:
+    round_, ids, extra = meta.get("round"), meta.get("clients"), meta.get("extra", {})
+    if not _is_int(round_):
+        raise _corrupt(path, "its round is not a whole number")
+    if round_ < 0:
+        raise _invalid(path, f"it claims {_shown(round_, 12)} completed rounds")
+    if not isinstance(ids, list) or not all(_is_int(c) and c >= 0 for c in ids) or len(set(ids)) != len(ids):
+        raise _corrupt(path, "its client list is not a list of distinct client numbers")
+    if not isinstance(extra, dict):
+        raise _corrupt(path, "its extra facts are not a JSON object")
+    elapsed = extra.get("elapsed", 0.0)
+    if not (isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool) and math.isfinite(elapsed)
+            and elapsed >= 0):
+        raise _corrupt(path, "its elapsed time is not a non-negative number")
+    clients: dict[int, dict[str, Tensor]] = {c: {} for c in ids}
     server: dict[str, Tensor] = {}
+    rng = None
     for key, value in tensors.items():
         scope, _, rest = key.partition("/")
-        if scope == "server":
+        client, _, name = rest.partition("/")
+        if scope == "server" and rest:
             server[rest] = value
-        elif scope == "client":
-            client, _, name = rest.partition("/")
+        elif scope == "client" and name and client.isdigit() and int(client) in clients:
             clients[int(client)][name] = value
-    return Checkpoint(meta["round"], server, clients, meta["extra"], tensors.get("rng/torch"))
+        elif key == "rng/torch" and value.dtype == torch.uint8 and value.dim() == 1:
+            rng = value
+        else:
+            raise _corrupt(path, f"it holds an unexpected tensor '{_shown(key, 40)}'")
+    run = None
+    if "run" in meta:
+        run = _identity(path, meta["run"])
+    return Checkpoint(round_, server, clients, extra, rng, run)
+
+
+def _identity(path: Path, data: Any) -> RunIdentity:
+    fields = ("config_hash", "method", "label")
+    if (not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in fields)
+            or not _is_int(data.get("total_rounds"))):
+        raise _corrupt(path, "its run identity is malformed")
+    return RunIdentity(data["config_hash"], data["method"], data["label"], data["total_rounds"])
+
+
+def _check_belongs(path: Path, checkpoint: Checkpoint, expected: RunIdentity) -> None:
+    if checkpoint.run is not None and checkpoint.run != expected:
+        raise ManytaskError(
+            f"checkpoint '{shown_path(path)}' belongs to another run ({checkpoint.run.describe()}; this run is "
+            f"{expected.describe()}); resume the run it came from, or delete it to restart this run from round 1."
+        )
+    if checkpoint.round > expected.total_rounds:
+        claimed = _shown(checkpoint.round, 12)
+        raise _invalid(path, f"it claims {claimed} completed rounds of this run's {expected.total_rounds}")
+    for name, value in checkpoint.server.items():
+        if (value.is_floating_point() or value.is_complex()) and not bool(torch.isfinite(value).all()):
+            raise _corrupt(path, f"server tensor '{_shown(name, 40)}' holds NaN or infinite values")
+
+
+def _digest(tensors: dict[str, Tensor], meta_text: str) -> str:
+    """SHA-256 over the tensors in sorted name order (name, dtype, shape, then the bytes, each length-prefixed) and
+    the metadata JSON text. The bytes are hashed where they lie: no copy."""
+    sha = hashlib.sha256()
+
+    def chunk(data: bytes | memoryview) -> None:
+        sha.update(len(data).to_bytes(8, "little"))
+        sha.update(data)
+
+    for name in sorted(tensors):
+        value = tensors[name]
+        if value.device.type != "cpu" or not value.is_contiguous():  # never so from save_checkpoint or safetensors
+            value = value.to("cpu", memory_format=torch.contiguous_format)
+        chunk(json.dumps([name, str(value.dtype), list(value.shape)]).encode())
+        chunk(_raw_bytes(value))
+    chunk(meta_text.encode())
+    return sha.hexdigest()
+
+
+def _raw_bytes(value: Tensor) -> memoryview:
+    """The bytes of a packed CPU tensor, viewed where they lie (a uint8 view through numpy: no copy)."""
+    return memoryview(value.reshape(-1).view(torch.uint8).numpy())
+
+
+def _shown(value: object, limit: int) -> str:
+    """A value read from the file, for an error message: one line, at most `limit` characters."""
+    return clipped("".join(c if c.isprintable() else "?" for c in str(value)), limit)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _what_to_do() -> str:
+    return "delete it to restart this run from round 1, or restore it from a backup."
+
+
+def _unreadable(path: Path, reason: str) -> ManytaskError:
+    return ManytaskError(f"checkpoint '{shown_path(path)}' cannot be read ({_shown(reason, 100)}); {_what_to_do()}")
+
+
+def _corrupt(path: Path, problem: str) -> ManytaskError:
+    return ManytaskError(f"checkpoint '{shown_path(path)}' is corrupt ({problem}); {_what_to_do()}")
+
+
+def _invalid(path: Path, problem: str) -> ManytaskError:
+    return ManytaskError(f"checkpoint '{shown_path(path)}' is invalid ({problem}); {_what_to_do()}")

@@ -10,11 +10,11 @@ from typing import Any, Protocol
 
 import torch
 
-from manytask.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from manytask.engine.checkpoint import Checkpoint, checkpoint_error, identity_of, load_checkpoint, save_checkpoint
 from manytask.engine.client_runner import ClientState
 from manytask.engine.sampling import clients_per_round, sample_clients, sample_dropouts
 from manytask.engine.screening import DIVERGED, screen
-from manytask.errors import ManytaskError
+from manytask.errors import ManytaskError, clipped
 from manytask.experiment import Experiment
 from manytask.fairness import fairness
 from manytask.messages import Message, encode
@@ -215,22 +215,30 @@ class RoundLoop:
     def _checkpoint(self, rounds_done: int, elapsed: float) -> None:
         checkpoint = Checkpoint(
             rounds_done, self.server.state_dict(), self.transport.client_states(), {"elapsed": elapsed},
-            torch.get_rng_state(),
+            torch.get_rng_state(), identity_of(self.exp),
         )
         save_checkpoint(self.run_dir.checkpoint, checkpoint)
 
     def _restore(self) -> tuple[int, float]:
         """Load the checkpoint if there is one: (rounds already done, wall seconds already spent). Metric rows
-        written after it (a crash between a round's row and its checkpoint), and stray temporaries, are removed."""
-        self.run_dir.remove_temporaries()
-        if not self.run_dir.checkpoint.exists():
+        written after it (a crash between a round's row and its checkpoint), and stray temporaries, are removed.
+        A checkpoint that cannot be read, is corrupt, belongs to another run or does not fit this run's method
+        stops the run with one sentence (`load_checkpoint`) before anything in the run directory changes."""
+        path = self.run_dir.checkpoint
+        if not path.exists():
+            self.run_dir.remove_temporaries()
             self.run_dir.truncate_metrics(0)
             return 0, 0.0
-        checkpoint = load_checkpoint(self.run_dir.checkpoint)
-        self.server.load_state_dict(checkpoint.server)
-        self.transport.restore_client_states(checkpoint.clients)
-        if checkpoint.torch_rng is not None:
-            torch.set_rng_state(checkpoint.torch_rng)
+        checkpoint = load_checkpoint(path, identity_of(self.exp))
+        try:
+            self.server.load_state_dict(checkpoint.server)
+            self.transport.restore_client_states(checkpoint.clients)
+            if checkpoint.torch_rng is not None:
+                torch.set_rng_state(checkpoint.torch_rng)
+        except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as err:
+            raise checkpoint_error(path, f"its state does not fit method {self.exp.label}: "
+                                         f"{clipped(' '.join(str(err).split()))}") from None
+        self.run_dir.remove_temporaries()
         self.run_dir.truncate_metrics(checkpoint.round)
         return checkpoint.round, float(checkpoint.extra.get("elapsed", 0.0))
 
