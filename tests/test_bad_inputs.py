@@ -143,7 +143,7 @@ CASES = [
     case("train.optimizer=lion", "config key 'train.optimizer' is invalid: input should be 'sgd' or 'adamw'",
          "unknown-optimizer"),
     case("train.lr_schedule=zigzag", "config key 'train.lr_schedule' is invalid", "unknown-lr-schedule"),
-    case("method.plugin=nosuch", "unknown plug-in 'nosuch'; valid choices: dea", "unknown-plugin"),
+    case("method.plugin=nosuch", "unknown plug-in 'nosuch'; valid choices: clip, dea", "unknown-plugin"),
     case("method.nosuch=1", "unknown parameter 'nosuch' for method 'fedavg'; valid parameters:",
          "unknown-method-parameter"),
     case("benchmark.nosuch=1", "unknown parameter 'nosuch' for benchmark 'digits-tasks'",

@@ -63,6 +63,7 @@ def run(
 ) -> None:
     """Run a config (the built-in default many-task comparison when none is given)."""
     from manytask.config import resolve
+    from manytask.engine.loop import RoundFailed
     from manytask.progress import RichObserver, SignalAfterRound
     from manytask.report import write_report
     from manytask.run import resume as resume_run
@@ -90,7 +91,7 @@ def run(
             else:
                 with RichObserver(err_console) as observer:
                     observed(observer)
-        except ManytaskError as err:
+        except RoundFailed as err:  # other errors (a refused checkpoint, say) leave the directory as it is
             stopped = stopped_runs(target)
             if not stopped:
                 raise

@@ -40,8 +40,9 @@ def counts_problem(client: int, reply: Message, held: Sequence[str]) -> str | No
 
 
 def array_specs(tensors: Mapping[str, Tensor]) -> dict[str, ArraySpec]:
-    """name -> (shape, dtype) of each tensor: what replies mirroring these tensors must match."""
-    return {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()}
+    """name -> (shape, dtype) of each tensor as the wire carries it (a 0-d tensor travels as shape (1,), as numpy's
+    `ascontiguousarray` makes it): what replies mirroring these tensors must match."""
+    return {k: (tuple(v.shape) or (1,), v.dtype) for k, v in tensors.items()}
 
 
 def spec_problem(name: str, array: Tensor, spec: ArraySpec, expected: str = "is expected") -> str | None:

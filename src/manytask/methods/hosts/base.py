@@ -401,10 +401,11 @@ class HostServer(HostModel, ServerProgram[HostParams]):
 
     def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
         """The divergence guard (`common/guard.py`): replies whose update is far beyond the round's median."""
-        if self.params.guard <= 0:
+        factor = getattr(self.params, "guard", GUARD)  # servers built on the host with params of their own: pFedMe
+        if factor <= 0:
             return {}
         norms = {c: update_norm(self.sent.get(c, {}), r.tensors()) for c, r in replies.items()}
-        return far_beyond_median(norms, self.params.guard)
+        return far_beyond_median(norms, factor)
 
     def read_updates(self, replies: Mapping[int, Message]) -> list[Update]:
         """Every trained copy in the replies (sorted by client, copies by task) against what its client was sent;
