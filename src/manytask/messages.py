@@ -39,6 +39,8 @@ class Message:
 
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     scalars: dict[str, Scalar] = field(default_factory=dict)
+    _views: tuple[list[tuple[str, np.ndarray]], dict[str, Tensor]] | None = field(
+        default=None, init=False, repr=False, compare=False)  # (the arrays viewed, their tensor views)
 
     def __post_init__(self) -> None:
         self.arrays = {name: _to_numpy(value) for name, value in self.arrays.items()}
@@ -47,8 +49,21 @@ class Message:
         return torch.from_numpy(self.arrays[name])
 
     def tensors(self, prefix: str = "") -> dict[str, Tensor]:
-        """All arrays whose name starts with `prefix`, with the prefix stripped."""
-        return {n[len(prefix) :]: torch.from_numpy(a) for n, a in self.arrays.items() if n.startswith(prefix)}
+        """All arrays whose name starts with `prefix`, with the prefix stripped, as tensors sharing their memory.
+        The views are made once while the arrays stay the same objects: a server reads each reply several times
+        (screening, the divergence guard, aggregation)."""
+        views = self._all_views()
+        if not prefix:
+            return dict(views)
+        return {n[len(prefix) :]: t for n, t in views.items() if n.startswith(prefix)}
+
+    def _all_views(self) -> dict[str, Tensor]:
+        items = list(self.arrays.items())
+        cached = self._views
+        if cached is None or len(cached[0]) != len(items) or any(
+                n != m or a is not b for (n, a), (m, b) in zip(cached[0], items, strict=True)):
+            cached = self._views = (items, {n: torch.from_numpy(a) for n, a in items})
+        return cached[1]
 
     @classmethod
     def from_tensors(

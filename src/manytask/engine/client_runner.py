@@ -62,7 +62,7 @@ class ClientRunner:
         ctxs = [self._context(c, round_index, states[c], derive_seed(self.exp.config.seed, "client", round_index, c))
                 for c in clients]
         began = time.perf_counter()
-        received = [_decoded(payloads[c]) for c in clients]
+        received = _decoded_once([payloads[c] for c in clients])
         try:
             replies = self.program.fit_many(ctxs, received)
         except NotVectorizable as why:
@@ -124,3 +124,13 @@ class ClientRunner:
 
 def _decoded(payload: bytes | None) -> Message | None:
     return None if payload is None else decode(payload)
+
+
+def _decoded_once(payloads: list[bytes | None]) -> list[Message | None]:
+    """Each payload decoded, the same bytes object once (the engine sends one object to every client of a task set;
+    client programs only read what they are sent)."""
+    decoded: dict[int, Message | None] = {}
+    for payload in payloads:
+        if id(payload) not in decoded:
+            decoded[id(payload)] = _decoded(payload)
+    return [decoded[id(payload)] for payload in payloads]

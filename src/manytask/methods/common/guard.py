@@ -20,16 +20,30 @@ from manytask.methods.common.updates import copy_groups, is_parameter, reference
 MIN_REPLIES = 3
 
 
-def update_norm(sent: Mapping[str, Tensor], trained: Mapping[str, Tensor]) -> float:
-    """max over the trained copies in `trained` (reply keys) of ‖trained − sent‖₂ over their parameters. Every
-    reply of every host round passes here, so it takes one op per array (in the arrays' own dtype: a guard that
-    compares against 100× the median needs no more precision)."""
-    norms = [0.0]
-    for keys in copy_groups(trained).values():
-        distances = [float(torch.dist(trained[k], sent[r])) for k in keys
-                     if (r := reference_key(k)) in sent and is_parameter(k, trained[k])]
-        norms.append(math.hypot(*distances))
-    return max(norms)
+def update_norms(sent: Mapping[int, Mapping[str, Tensor]], replies: Mapping[int, Mapping[str, Tensor]]
+                 ) -> dict[int, float]:
+    """Per client, u_n = max over the trained copies of its reply (reply keys -> tensors) of ‖trained − sent‖₂ over
+    their parameters. Every reply of every host round passes here, so the arrays that share a reference are stacked
+    and measured with one op per parameter, not one per reply (in the arrays' own dtype: a guard that compares
+    against 100× the median needs no more precision)."""
+    groups: dict[int, tuple[Tensor, list[Tensor], list[tuple[int, str | None]]]] = {}
+    for client, trained in replies.items():
+        for copy, keys in copy_groups(trained).items():
+            for key in keys:
+                reference = sent[client].get(reference_key(key))
+                if reference is not None and is_parameter(key, trained[key]):
+                    group = groups.setdefault(id(reference), (reference, [], []))
+                    group[1].append(trained[key])
+                    group[2].append((client, copy))
+    squares: dict[tuple[int, str | None], float] = {}
+    for reference, arrays, owners in groups.values():
+        distances = torch.linalg.vector_norm((torch.stack(arrays) - reference).reshape(len(arrays), -1), dim=1)
+        for owner, distance in zip(owners, distances.double().square().tolist(), strict=True):
+            squares[owner] = squares.get(owner, 0.0) + distance
+    norms = dict.fromkeys(replies, 0.0)
+    for (client, _), square in squares.items():
+        norms[client] = max(norms[client], math.sqrt(square))
+    return norms
 
 
 def far_beyond_median(norms: Mapping[int, float], factor: float) -> dict[int, str]:

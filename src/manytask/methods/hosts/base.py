@@ -38,7 +38,7 @@ from manytask.errors import clipped
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
-from manytask.methods.common.guard import far_beyond_median, update_norm
+from manytask.methods.common.guard import far_beyond_median, update_norms
 from manytask.methods.common.personal import check_shared_head
 from manytask.methods.common.updates import Update, copy_groups, copy_key, reference_key
 from manytask.methods.common.wire import (
@@ -366,7 +366,7 @@ class HostServer(HostModel, ServerProgram[HostParams]):
     def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
         self.payloads = {}
         payloads = {c: self.payload_for(c) for c in clients}
-        self.sent = {c: p.tensors() for c, p in payloads.items()}
+        self.sent = {c: p.tensors() for c, p in payloads.items()}  # one set of views per message (`tensors`)
         return payloads
 
     def payload_for(self, client: int) -> Message:
@@ -404,7 +404,7 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         factor = getattr(self.params, "guard", GUARD)  # servers built on the host with params of their own: pFedMe
         if factor <= 0:
             return {}
-        norms = {c: update_norm(self.sent.get(c, {}), r.tensors()) for c, r in replies.items()}
+        norms = update_norms({c: self.sent.get(c, {}) for c in replies}, {c: r.tensors() for c, r in replies.items()})
         return far_beyond_median(norms, factor)
 
     def read_updates(self, replies: Mapping[int, Message]) -> list[Update]:
