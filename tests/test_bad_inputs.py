@@ -144,6 +144,12 @@ CASES = [
          "unknown-optimizer"),
     case("train.lr_schedule=zigzag", "config key 'train.lr_schedule' is invalid", "unknown-lr-schedule"),
     case("method.plugin=nosuch", "unknown plug-in 'nosuch'; valid choices: clip, dea", "unknown-plugin"),
+    case(["adversaries.attack=melt", "adversaries.fraction=0.2"], "config key 'adversaries.attack' is invalid",
+         "unknown-attack"),
+    case(["adversaries.attack=scale", "adversaries.clients=[99]"], "adversaries.clients names [99], but the "
+         "federation has clients 0 to 3", "attacker-outside-federation"),
+    case(["adversaries.attack=scale", "adversaries.fraction=2"], "config key 'adversaries.fraction' is invalid",
+         "attacker-fraction-above-one"),
     case("method.nosuch=1", "unknown parameter 'nosuch' for method 'fedavg'; valid parameters:",
          "unknown-method-parameter"),
     case("benchmark.nosuch=1", "unknown parameter 'nosuch' for benchmark 'digits-tasks'",
