@@ -196,19 +196,15 @@ class KrumServer(PluginServer[KrumParams]):
         return [updates[i] for i in kept]
 
 
-register_plugin(
-    "clip", PluginDef(PluginClient, ClipServer), ClipParams,
-    "Norm clipping on the server: each update's delta scaled to norm at most C (fixed, or the round's median)",
-)
-register_plugin(
-    "median", PluginDef(PluginClient, MedianServer), Params,
-    "Coordinate-wise median of the updates' deltas, per parameter over the updates that hold it",
-)
-register_plugin(
-    "trimmed-mean", PluginDef(PluginClient, TrimmedMeanServer), TrimmedMeanParams,
-    "Coordinate-wise trimmed mean of the updates' deltas: the β largest and smallest values of each entry dropped",
-)
-register_plugin(
-    "krum", PluginDef(PluginClient, KrumServer), KrumParams,
-    "Krum / Multi-Krum: keeps the updates closest to their m − f − 2 nearest others, with the host's weights",
-)
+ROBUST_PLUGINS: list[tuple[str, type[PluginServer], type[Params], str]] = [
+    ("clip", ClipServer, ClipParams,
+     "Norm clipping on the server: each update's delta scaled to norm at most C (fixed, or the round's median)"),
+    ("median", MedianServer, Params,
+     "Coordinate-wise median of the updates' deltas, per parameter over the updates that hold it"),
+    ("trimmed-mean", TrimmedMeanServer, TrimmedMeanParams,
+     "Coordinate-wise trimmed mean of the updates' deltas: the β largest and smallest values of each entry dropped"),
+    ("krum", KrumServer, KrumParams,
+     "Krum / Multi-Krum: keeps the updates closest to their m − f − 2 nearest others, with the host's weights"),
+]
+for name, server, params, description in ROBUST_PLUGINS:
+    register_plugin(name, PluginDef(PluginClient, server), params, description)
