@@ -3,7 +3,7 @@
 import torch
 
 from manytask.methods.base import ClientContext
-from manytask.methods.hosts.base import ModelPool
+from manytask.methods.hosts.model_pool import ModelPool
 from manytask.models.multitask import build_model
 from manytask.tasks import TaskKind, TaskSpec
 

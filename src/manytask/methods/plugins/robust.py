@@ -28,6 +28,7 @@ host's averaging (over the kept updates, for Krum). The math runs in float64; `U
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Generic
 
@@ -164,8 +165,9 @@ class CoordinateServer(PluginServer[P], Generic[P]):
     """Gives every update a coordinate-wise robust aggregate of the deltas, so the host's average of identical
     values is reference + that aggregate."""
 
+    @abstractmethod
     def robust(self, deltas: list[Deltas]) -> Deltas:
-        raise NotImplementedError
+        """The robust aggregate of the deltas, per key."""
 
     def adjust(self, round_index: int, updates: list[Update]) -> list[Update]:
         deltas = [u.deltas() for u in updates]
