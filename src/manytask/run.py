@@ -58,8 +58,7 @@ def resume(out: Path, observer: RoundObserver | None = None, stop_after: int | N
     experiments = plan(config)
     for exp in experiments:  # a comparison killed while it created its members' directories
         member = member_dir(config, out, exp.label)
-        member.remove_temporaries()
-        if not member.config.is_file():
+        if not member.config.is_file():  # `start` clears a temporary left alone there; others wait for the loop
             member.start(to_yaml(exp.config), exp.federation.to_json())
         elif not member.federation.is_file():
             member.write_json(member.federation, exp.federation.to_json())
