@@ -22,6 +22,9 @@ from manytask.config import validate
 from manytask.engine.flower.cluster import LocalCluster
 from manytask.run import run_config
 
+# -ww: ps otherwise cuts `args` at $COLUMNS where that is set (a CI runner may set it)
+PS_CHILDREN = ["ps", "-ww", "-o", "pid=,args=", "--ppid"]
+
 KILLED, AFTER = 2, 3
 
 
@@ -52,7 +55,7 @@ class StopNodeAfter:
             self.cluster.kill_node(KILLED)
             return
         node = self.cluster.supernodes[KILLED].pid
-        children = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(node)], capture_output=True, text=True)
+        children = subprocess.run([*PS_CHILDREN, str(node)], capture_output=True, text=True)
         for line in children.stdout.splitlines():
             if "flower-superexec" in line:
                 os.kill(int(line.split()[0]), signal.SIGSTOP)

@@ -25,6 +25,8 @@ from manytask.engine.flower.cluster import LocalCluster, TLSFiles
 from manytask.engine.flower.transport import GridTransport
 from manytask.report import write_report
 
+# -ww: ps otherwise cuts `args` at $COLUMNS where that is set (a CI runner may set it)
+PS_CHILDREN = ["ps", "-ww", "-o", "pid=,args=", "--ppid"]
 THREE_CLIENTS = {"num_clients": 3, "tasks": {"kind": "dirichlet", "zeta": 1.0}, "samples": {"kind": "iid"}}
 
 
@@ -123,7 +125,7 @@ def _read_until(process: subprocess.Popen, text: str) -> list[str]:
 
 
 def _supernode_pid(parent: int) -> int:
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(parent)], capture_output=True, text=True).stdout
+    out = subprocess.run([*PS_CHILDREN, str(parent)], capture_output=True, text=True).stdout
     return next(int(line.split()[0]) for line in out.splitlines() if "flower-supernode" in line)
 
 
