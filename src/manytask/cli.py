@@ -300,9 +300,14 @@ def _print_comparison(run_dirs: list[Path], base: str | None = None) -> None:
     from manytask.report import comparison_rows, load_runs, rich_table
     from manytask.report.delta import delta_table, resolve_base
     from manytask.report.plugins import plugin_table
+    from manytask.report.seeds import NOISE_NOTE, seed_table
     from manytask.report.tables import energy_footnote
 
     records = load_runs(run_dirs)
+    seeds = seed_table(records, base, max_task_columns=TERMINAL_TASK_COLUMNS)
+    if seeds is not None:
+        out_console.print(rich_table(*seeds, "over seeds", caption=NOISE_NOTE))
+        base = None  # Δ% against the base is in the seeds' table, seed by seed
     reference = None if base is None else resolve_base(records, base)
     headers, rows = comparison_rows(records, max_task_columns=TERMINAL_TASK_COLUMNS)
     out_console.print(rich_table(headers, rows, "comparison", caption=energy_footnote(records)))

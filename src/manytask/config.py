@@ -11,7 +11,7 @@ import copy
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -67,6 +67,9 @@ class RunConfig(Params):
     train: TrainConfig = TrainConfig()
     rounds: int = Field(default=20, ge=1)
     seed: int = Field(default=0, ge=0, description="a non-negative integer")
+    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, description="run every member once per seed (replaces 'seed'); reports show mean ± std"
+    )
     engine: Literal["local", "flower-sim", "flower"] = "local"
     flower: FlowerConfig = FlowerConfig()
     participation: float = Field(default=1.0, gt=0, le=1, description="fraction of clients sampled per round")
@@ -126,10 +129,25 @@ class RunConfig(Params):
             raise ValueError("expected a non-empty list of plug-ins (null or 'none' for the method alone)")
         return [None if v is None or v == "none" else _named(v, "name") for v in value]
 
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and not value:
+            raise ValueError("the seed list is empty (leave 'seeds' out for one run with 'seed')")
+        if value is not None and len(set(value)) < len(value):
+            raise ValueError("a seed appears twice")
+        return value
+
     @property
     def is_comparison(self) -> bool:
-        """Several members (a method list, or methods crossed with plug-ins), one sub-directory each."""
-        return isinstance(self.method, list) or self.plugins is not None
+        """Several members (a method list, methods crossed with plug-ins, or seeds), one sub-directory each."""
+        return isinstance(self.method, list) or self.plugins is not None or self.seeds is not None
+
+    def per_seed(self) -> list[RunConfig]:
+        """One config per seed of `seeds` (each with that `seed` and no `seeds`), or this config alone."""
+        if self.seeds is None:
+            return [self]
+        return [self.model_copy(update={"seed": seed, "seeds": None}) for seed in self.seeds]
 
     @property
     def methods(self) -> list[Named]:

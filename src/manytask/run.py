@@ -23,13 +23,26 @@ Summaries = dict[str, dict[str, Any]]
 
 
 def plan(config: RunConfig) -> list[Experiment]:
-    """Build every member experiment (validating all of them) without touching the disk."""
+    """Build every member experiment (validating all of them) without touching the disk: each method entry, once
+    per seed when the config has `seeds` (seed by seed, so every method's first seed finishes early)."""
     labels = [method_label(m) for m in config.methods]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
         raise ManytaskError(f"method label '{duplicates[0]}' appears twice; give each entry a distinct 'label'.")
-    benchmark = make_benchmark(config)
-    return [Experiment.build(config.for_method(m), benchmark) for m in config.methods]
+    experiments = []
+    for seeded in config.per_seed():
+        benchmark = make_benchmark(seeded)  # a benchmark's splits are drawn from the seed too
+        experiments += [Experiment.build(seeded.for_method(m), benchmark) for m in seeded.methods]
+    return experiments
+
+
+SEED_MARK = "@seed"
+
+
+def member_name(config: RunConfig, exp: Experiment) -> str:
+    """A member's directory name inside a comparison and its key in the comparison's summary: its label, plus
+    `@seed<k>` when the config runs several seeds."""
+    return exp.label if config.seeds is None else f"{exp.label}{SEED_MARK}{exp.config.seed}"
 
 
 def run_config(
@@ -42,7 +55,7 @@ def run_config(
         root.create()
         root.write_text(root.config, to_yaml(config))
     for exp in experiments:
-        member_dir(config, out, exp.label).start(to_yaml(exp.config), exp.federation.to_json())
+        member_dir(config, out, exp).start(to_yaml(exp.config), exp.federation.to_json())
     return _execute(config, experiments, out, observer, stop_after)
 
 
@@ -57,7 +70,7 @@ def resume(out: Path, observer: RoundObserver | None = None, stop_after: int | N
     config = validate(load_yaml(root.config))
     experiments = plan(config)
     for exp in experiments:  # a comparison killed while it created its members' directories
-        member = member_dir(config, out, exp.label)
+        member = member_dir(config, out, exp)
         if not member.config.is_file():  # `start` clears a temporary left alone there; others wait for the loop
             member.start(to_yaml(exp.config), exp.federation.to_json())
         elif not member.federation.is_file():
@@ -74,8 +87,8 @@ def stopped_runs(out: Path) -> list[Path]:
     return [p for p in candidates if RunDir(p).summary.is_file() and "stopped" in _load_summary(RunDir(p))]
 
 
-def member_dir(config: RunConfig, out: Path, label: str) -> RunDir:
-    return RunDir(out / label) if config.is_comparison else RunDir(out)
+def member_dir(config: RunConfig, out: Path, exp: Experiment) -> RunDir:
+    return RunDir(out / member_name(config, exp)) if config.is_comparison else RunDir(out)
 
 
 def _execute(
@@ -87,23 +100,38 @@ def _execute(
     summaries: Summaries = {}
     failures: list[str] = []
     for exp in experiments:
-        run_dir = member_dir(config, out, exp.label)
+        name = member_name(config, exp)
+        run_dir = member_dir(config, out, exp)
+        shown = None if observer is None or name == exp.label else NamedObserver(name, observer)
         try:
-            summary = _load_summary(run_dir) if run_dir.is_finished() else engine_for(exp, run_dir, observer)(
+            summary = _load_summary(run_dir) if run_dir.is_finished() else engine_for(exp, run_dir, shown or observer)(
                 stop_after)
         except RoundFailed as failure:
             if not config.is_comparison:
                 raise
-            failures.append(f"{exp.label}: {failure}")
+            failures.append(f"{name}: {failure}")
             summary = _load_summary(run_dir)
         if summary is None:
             return None
-        summaries[exp.label] = summary
+        summaries[name] = summary
     if config.is_comparison:
-        _write_comparison(config, summaries, out)
+        _write_comparison(config, experiments, summaries, out)
     if failures:
         raise RoundFailed(" ".join(failures))
     return summaries
+
+
+class NamedObserver:
+    """Passes a member's progress on under its name in the comparison (`fedavg@seed1`), not its method label."""
+
+    def __init__(self, name: str, inner: RoundObserver) -> None:
+        self.name, self.inner = name, inner
+
+    def started(self, label: str, total_rounds: int, done_rounds: int) -> None:
+        self.inner.started(self.name, total_rounds, done_rounds)
+
+    def finished_round(self, row: dict[str, Any]) -> None:
+        self.inner.finished_round(row)
 
 
 def engine_for(exp: Experiment, run_dir: RunDir, observer: RoundObserver | None) -> Callable[[int | None], Any]:
@@ -127,12 +155,18 @@ def _load_summary(run_dir: RunDir) -> dict[str, Any]:
     return json.loads(run_dir.summary.read_text())
 
 
-def _write_comparison(config: RunConfig, summaries: Summaries, out: Path) -> None:
-    reference = config.reference if config.reference in summaries else None
+def _write_comparison(config: RunConfig, experiments: list[Experiment], summaries: Summaries, out: Path) -> None:
+    """Normalize every member by the reference run of its seed, and write the comparison's summary.json."""
+    labels = [exp.label for exp in experiments]
+    reference = config.reference if config.reference in labels else None
     if reference is not None:
-        for label, summary in summaries.items():
-            normalize(summary, summaries[reference], reference)
-            member = member_dir(config, out, label)
-            member.write_json(member.summary, summary)
+        references = {exp.config.seed: summaries[member_name(config, exp)] for exp in experiments
+                      if exp.label == reference}
+        for exp in experiments:
+            name = member_name(config, exp)
+            normalize(summaries[name], references[exp.config.seed], reference)
+            member = member_dir(config, out, exp)
+            member.write_json(member.summary, summaries[name])
     root = RunDir(out)
-    root.write_json(root.summary, {"runs": summaries, "reference": reference, "order": list(summaries)})
+    root.write_json(root.summary, {"runs": summaries, "reference": reference, "order": list(summaries),
+                                   "seeds": config.seeds})

@@ -35,7 +35,7 @@ def new_figure(size: tuple[float, float] = (7, 4.5)) -> Figure:
     return figure
 
 
-def _new_axes(title: str) -> tuple[Figure, Axes]:
+def new_axes(title: str) -> tuple[Figure, Axes]:
     """A fresh one-panel figure with a title and a light grid."""
     figure = new_figure()
     axes = figure.add_subplot()
@@ -59,7 +59,7 @@ def _note(axes: Axes, text: str) -> None:
     axes.text(0.5, 0.5, text, transform=axes.transAxes, ha="center", va="center", color="gray")
 
 
-def _finish_legend(axes: Axes, skipped: list[str]) -> None:
+def finish_legend(axes: Axes, skipped: list[str]) -> None:
     """Add a legend; runs that could not be drawn are listed in it with the reason."""
     for text in skipped:
         axes.plot([], [], " ", label=text)
@@ -76,7 +76,7 @@ def _average_scale(records: Sequence[RunRecord]) -> tuple[float, str]:
 
 def plot_accuracy_vs_round(records: Sequence[RunRecord], path: str | Path) -> Path:
     """Average main metric against round, one line per run."""
-    figure, axes = _new_axes("Average by round")
+    figure, axes = new_axes("Average by round")
     scale, ylabel = _average_scale(records)
     skipped = []
     for i, record in enumerate(records):
@@ -90,7 +90,7 @@ def plot_accuracy_vs_round(records: Sequence[RunRecord], path: str | Path) -> Pa
         _note(axes, NO_EVAL)
     axes.set(xlabel="round", ylabel=ylabel)
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _finish_legend(axes, skipped)
+    finish_legend(axes, skipped)
     return save_figure(figure, path)
 
 
@@ -121,7 +121,7 @@ def _log_bits_axis(axes: Axes) -> None:
 
 def plot_accuracy_vs_bits(records: Sequence[RunRecord], path: str | Path) -> Path:
     """Average main metric against cumulative transmitted bits (log scale); silent runs as flat lines."""
-    figure, axes = _new_axes("Average by communication")
+    figure, axes = new_axes("Average by communication")
     scale, ylabel = _average_scale(records)
     # The same colour per run as in the accuracy-by-round plot (matplotlib's cycle, in run order).
     kinds = [_plot_bits_curve(axes, record, scale, f"C{i % 10}") for i, record in enumerate(records)]
@@ -133,7 +133,7 @@ def plot_accuracy_vs_bits(records: Sequence[RunRecord], path: str | Path) -> Pat
     else:
         _note(axes, NO_EVAL)
     axes.set(xlabel="cumulative bits transmitted (up + down)", ylabel=ylabel)
-    _finish_legend(axes, skipped)
+    finish_legend(axes, skipped)
     return save_figure(figure, path)
 
 
@@ -151,7 +151,7 @@ def _task_axes(axes: Axes, metrics: list[str]) -> dict[str, Axes]:
 
 def plot_task_curves(record: RunRecord, path: str | Path) -> Path:
     """Each task's main metric against round for a single run, one line per task."""
-    figure, axes = _new_axes(f"Per-task metric by round: {record.label}")
+    figure, axes = new_axes(f"Per-task metric by round: {record.label}")
     curves = {task: curve for task, curve in task_curves(record).items() if curve[0]}
     metrics = list(dict.fromkeys(main_metric(record, task) for task in curves))
     targets = _task_axes(axes, metrics)
@@ -221,7 +221,7 @@ def plot_similarity_heatmap(record: RunRecord, path: str | Path) -> Path | None:
     if found is None:
         return None
     tasks, values = found
-    figure, axes = _new_axes(f"Task similarity S(t, t') at the last round: {record.label}")
+    figure, axes = new_axes(f"Task similarity S(t, t') at the last round: {record.label}")
     image = axes.imshow(values, cmap="viridis")
     axes.set_xticks(range(len(tasks)), tasks, rotation=45, ha="right")
     axes.set_yticks(range(len(tasks)), tasks)
@@ -255,7 +255,7 @@ def plot_similarity_trajectory(record: RunRecord, path: str | Path) -> Path | No
     if found is None:
         return None
     rounds, stats = found
-    figure, axes = _new_axes(f"Off-diagonal task similarity per round: {record.label}")
+    figure, axes = new_axes(f"Off-diagonal task similarity per round: {record.label}")
     axes.fill_between(rounds, stats["min"], stats["max"], color="C0", alpha=0.2)
     for name, marker, width in (("max", "^", 1.0), ("median", "o", 2.0), ("min", "v", 1.0)):
         axes.plot(rounds, stats[name], marker=marker, markersize=4, linewidth=width, color="C0",
@@ -266,7 +266,7 @@ def plot_similarity_trajectory(record: RunRecord, path: str | Path) -> Path | No
     axes.axhline(0.5, linestyle=":", color="gray", label="unrelated (random signs)")
     axes.set(xlabel="round", ylabel="S(t, t')", ylim=(0, 1))
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _finish_legend(axes, [])
+    finish_legend(axes, [])
     return save_figure(figure, path)
 
 

@@ -31,6 +31,7 @@ from manytask.report.runs import (
     load_runs,
     read_summary,
 )
+from manytask.report.seeds import NOISE_NOTE, plot_seed_bands, seed_table
 from manytask.report.tables import (
     MISSING,
     comparison_rows,
@@ -337,10 +338,14 @@ def _comparison_report(
     against `base` (a member's label or a run directory), else the comparison's reference run, else its first
     member."""
     first = records[0].summary if records else {}
-    reference = read_summary(root).get("reference")
+    root_summary = read_summary(root)
+    reference = root_summary.get("reference")
+    seeds = root_summary.get("seeds")
     base_name = base or reference or (records[0].label if records else None)
-    base_record = None if base_name is None else resolve_base(records, base_name)
+    # Over seeds, Δ% is taken seed by seed in the seeds' table, never against one seed's run
+    base_record = None if base_name is None or seeds else resolve_base(records, base_name)
     images = [
+        *_seed_plots(records, root / PLOTS),
         *_curve_plots(records, root / PLOTS, base_record),
         *_similarity_plots(records, root / PLOTS),
         *_graph_plots(records, root / PLOTS, graph_rounds),
@@ -353,12 +358,13 @@ def _comparison_report(
         "# Comparison report\n",
         _bullets([
             ("benchmark", first.get("benchmark", MISSING)),
-            ("seed", first.get("seed", MISSING)),
+            ("seeds" if seeds else "seed", ", ".join(map(str, seeds)) if seeds else first.get("seed", MISSING)),
             ("rounds", first.get("rounds", MISSING)),
             ("clients", first.get("num_clients", MISSING)),
             ("backbone", first.get("backbone", MISSING)),
             ("reference", reference or "none"),
         ]),
+        *_seed_section(records, base_name),
         "## Comparison\n",
         markdown_table(*comparison_rows(records)),
         *_footnote(energy_footnote(records)),
@@ -370,6 +376,17 @@ def _comparison_report(
         "## Runs\n",
         *(_run_section(record) for record in records),
     ])
+
+
+def _seed_section(records: list[RunRecord], base: str | None) -> list[str]:
+    """Each member's mean ± std over its seeds, when the comparison ran several seeds."""
+    table = seed_table(records, base)
+    return [] if table is None else ["## Over seeds\n", markdown_table(*table), f"{NOISE_NOTE}\n"]
+
+
+def _seed_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
+    path = plot_seed_bands(records, folder / "seeds_accuracy_vs_round.png")
+    return [] if path is None else [("Average by round, mean ± std over seeds", path)]
 
 
 def _footnote(text: str | None) -> list[str]:

@@ -25,11 +25,17 @@ class RunRecord:
     summary: dict[str, Any]
     metrics: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
+    seeded: bool = False  # one seed of several of the same member (`seeds:`)
+
+    @property
+    def group(self) -> str:
+        """The member this run is one seed of: its label, else its method, else its directory name."""
+        return str(self.summary.get("label") or self.summary.get("method") or self.path.name)
 
     @property
     def label(self) -> str:
-        """The name to show for this run: its label, else its method, else its directory name."""
-        return str(self.summary.get("label") or self.summary.get("method") or self.path.name)
+        """The name to show for this run: its group, with `@seed<k>` when it is one seed of several."""
+        return f"{self.group}@seed{self.summary.get('seed')}" if self.seeded else self.group
 
     @property
     def tasks(self) -> list[str]:
@@ -114,11 +120,16 @@ def comparison_order(path: str | Path) -> list[str]:
 
 
 def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
-    """Load run directories in order, expanding each comparison directory into its member runs."""
+    """Load run directories in order, expanding each comparison directory into its member runs (marked `seeded`
+    when the comparison ran several seeds)."""
     records = []
     for path in paths:
         if is_comparison(path):
-            records += [load_run(Path(path) / name) for name in comparison_order(path)]
+            seeded = bool(read_summary(Path(path)).get("seeds"))
+            for name in comparison_order(path):
+                record = load_run(Path(path) / name)
+                record.seeded = seeded
+                records.append(record)
         else:
             records.append(load_run(path))
     return records
