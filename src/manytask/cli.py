@@ -1,4 +1,4 @@
-"""The `manytask` command line: run | list | report | compare."""
+"""The `manytask` command line: run | tune | list | report | compare."""
 
 from __future__ import annotations
 
@@ -103,6 +103,34 @@ def run(
         out_console.print(f"run directory: {target}\nreport: {report}")
 
     _guarded(body, RESUME_HINT)
+
+
+@app.command()
+def tune(
+    args: Annotated[list[str] | None, typer.Argument(help="[CONFIG.yaml] [key=value ...]")] = None,
+    trials: Annotated[int | None, typer.Option("--trials", min=1, help="trials per member (default: tune.trials)")]
+    = None,
+    out: Annotated[Path | None, typer.Option("--out", help="tuning directory (default: runs/NAME-tune-TIME)")] = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="continue the tuning in DIR")] = None,
+) -> None:
+    """Tune every member of a config with the same number of Optuna trials, scored on a validation split of the
+    training data; writes DIR/tuned.yaml for manytask run."""
+    from manytask.config import load_yaml, resolve, validate
+    from manytask.tune import tune as run_tuning
+
+    def body() -> None:
+        if resume is not None:
+            if args or trials is not None:
+                raise ManytaskError("--resume takes the tuning directory only; its config.yaml is reused as it is.")
+            config, target = validate(load_yaml(resume / "config.yaml")), resume
+        else:
+            config_path, overrides = _split_args(args or [])
+            config = resolve(config_path, [*overrides, *([f"tune.trials={trials}"] if trials else [])])
+            target = out or Path("runs") / f"{config.name}-tune-{datetime.now():%Y%m%d-%H%M%S}"
+        tuned = run_tuning(config, target, progress=lambda line: out_console.print(line, highlight=False))
+        out_console.print(f"tuned config: {tuned}\nrun it over the seeds with: manytask run {tuned}")
+
+    _guarded(body, "interrupted; the finished trials are in the study (continue with manytask tune --resume DIR).")
 
 
 @app.command()

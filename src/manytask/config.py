@@ -58,6 +58,19 @@ class FlowerConfig(Params):
     sim_cpus: int = Field(default=2, ge=1, description="CPUs Ray may use (engine=flower-sim)")
 
 
+class TuneConfig(Params):
+    """`manytask tune`: an equal budget of Optuna trials per member, scored on a validation split."""
+
+    trials: int = Field(default=20, ge=1, description="trials per member (the same budget for every method)")
+    validation: float = Field(default=0.2, gt=0, lt=1, description="share of every task's training data held "
+                              "out to score trials (the test set is never used)")
+    space: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per member label: dimensions "
+                                             "replacing the declared ones ({low, high, log} or {choices}; null drops)")
+    startup_trials: int = Field(default=4, ge=1, description="random trials before TPE models the space and "
+                                "before any trial is pruned")
+    pruning: bool = Field(default=True, description="stop trials whose validation curve is below the median")
+
+
 class RunConfig(Params):
     name: str = "run"
     method: Named | list[Named]
@@ -99,6 +112,10 @@ class RunConfig(Params):
     )
     adversaries: AdversaryConfig | None = Field(
         default=None, description="attack simulation: which clients corrupt their replies, and how"
+    )
+    tune: TuneConfig | None = Field(default=None, description="settings of manytask tune (ignored by run)")
+    tuned: dict[str, Any] | None = Field(
+        default=None, description="written by manytask tune: its budget, each member's space and best values"
     )
 
     @field_validator("method", mode="before")

@@ -365,6 +365,7 @@ def _comparison_report(
             ("reference", reference or "none"),
         ]),
         *_seed_section(records, base_name),
+        *_tuning_section(records),
         "## Comparison\n",
         markdown_table(*comparison_rows(records)),
         *_footnote(energy_footnote(records)),
@@ -376,6 +377,25 @@ def _comparison_report(
         "## Runs\n",
         *(_run_section(record) for record in records),
     ])
+
+
+def _tuning_section(records: list[RunRecord]) -> list[str]:
+    """The budget of `manytask tune`, each member's search space, best values and validation score, when the runs'
+    config came from it."""
+    tuned = next((r.config["tuned"] for r in records if r.config.get("tuned")), None)
+    if not tuned:
+        return []
+    rows = [[label, "; ".join(f"{k}: {d}" for k, d in m["space"].items()),
+             ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m["best"].items()),
+             f"{m['validation_score']:.4f}", f"{m['trials']['complete']} / {m['trials']['pruned']} / "
+             f"{m['trials']['failed']}"] for label, m in tuned["members"].items()]
+    return ["## Tuning\n",
+            f"Every member had the same budget: {tuned['trials']} Optuna trials (TPE; pruned trials count), scored on "
+            f"a validation split of {tuned['validation']:g} of every task's training data, never on the test set "
+            f"({tuned['direction']} the average main metric at the tuning seed). The study is `{tuned['study']}` in "
+            "the tuning directory.\n",
+            markdown_table(["member", "search space", "best values", "validation score",
+                            "trials complete / pruned / failed"], rows)]
 
 
 def _seed_section(records: list[RunRecord], base: str | None) -> list[str]:

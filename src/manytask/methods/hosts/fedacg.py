@@ -14,6 +14,7 @@ weights Σ‖θ − θ̃‖² by 1e-3 without the ½, which is β = 0.002 here; 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import torch
 from pydantic import Field
@@ -27,9 +28,12 @@ from manytask.methods.common.updates import Update, is_parameter
 from manytask.methods.hosts.base import HostClient, HostParams, HostServer, TrainedCopy
 from manytask.methods.hosts.fedprox import ProximalHook
 from manytask.methods.registry import HOST, register_method
+from manytask.search_space import Space, log_range, uniform
 
 
 class FedAcgParams(HostParams):
+    # ranges for manytask tune: around the paper's λ 0.85, β 0.001
+    SEARCH_SPACE: ClassVar[Space] = {"lam": uniform(0.5, 0.95), "beta": log_range(1e-4, 1e-1)}
     lam: float = Field(default=0.85, ge=0, lt=1, description="server momentum λ; clients start from θ + λ·m")
     beta: float = Field(default=0.001, ge=0, description="client regularizer strength β in (β/2)‖θ − θ̃‖²")
 

@@ -16,6 +16,7 @@ Keys no update holds keep θ and h. Buffers are averaged with FedAvg's weights.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import torch
 from pydantic import Field
@@ -29,11 +30,14 @@ from manytask.methods.hosts.base import HostClient, HostParams, HostServer, Trai
 from manytask.methods.hosts.fedprox import ProximalHook
 from manytask.methods.registry import HOST, register_method
 from manytask.models.multitask import state_keys, task_of_key
+from manytask.search_space import Space, log_range
 
 GRADIENT_PREFIX = "feddyn_g/"  # client state: g_n per parameter
 
 
 class FedDynParams(HostParams):
+    # ranges for manytask tune: FedDyn's α ∈ {0.1, 0.01, 0.001}
+    SEARCH_SPACE: ClassVar[Space] = {"alpha": log_range(1e-3, 0.1)}
     alpha: float = Field(default=0.01, gt=0, description="dynamic regularization strength α")
 
 

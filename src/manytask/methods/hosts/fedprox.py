@@ -4,6 +4,7 @@ proximal term (μ/2)·‖w − w_global‖² to their loss. The server is FedAvg
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 from pydantic import Field
@@ -14,9 +15,12 @@ from manytask.methods.base import ClientContext, MethodDef
 from manytask.methods.hosts.base import TrainedCopy
 from manytask.methods.hosts.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from manytask.methods.registry import HOST, register_method
+from manytask.search_space import Space, log_range
 
 
 class FedProxParams(FedAvgParams):
+    # ranges for manytask tune: FedProx sweeps μ over {0.001, 0.01, 0.1, 1}
+    SEARCH_SPACE: ClassVar[Space] = {"mu": log_range(1e-3, 1.0)}
     mu: float = Field(default=0.01, ge=0, description="proximal strength μ")
 
 

@@ -16,6 +16,8 @@ the projection feeds the contrastive term only.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -26,12 +28,15 @@ from manytask.methods.base import ClientContext, MethodDef
 from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer, TrainedCopy
 from manytask.methods.registry import HOST, register_method
 from manytask.models.multitask import MultiTaskModel, load_state, task_of_key, trainable_state
+from manytask.search_space import Space, log_range, uniform
 from manytask.seeding import derive_seed, seed_global_rng
 
 PREVIOUS = "moon/previous/"  # client state: the client's model after its previous round (shared part)
 
 
 class MoonParams(HostParams):
+    # ranges for manytask tune: MOON sweeps μ over {0.1, 1, 5, 10}
+    SEARCH_SPACE: ClassVar[Space] = {"mu": log_range(0.1, 10.0), "temperature": uniform(0.1, 1.0)}
     mu: float = Field(default=1.0, ge=0, description="weight μ of the model-contrastive term")
     temperature: float = Field(default=0.5, gt=0, description="temperature τ of the model-contrastive term")
     projection_dim: int = Field(default=256, ge=1, description="output width of the projection head")

@@ -7,6 +7,7 @@ the hosts' (`HostClient`): they train what they are sent."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -22,11 +23,14 @@ from manytask.methods.common.wire import array_specs, arrays_problem, counts_pro
 from manytask.methods.hosts.base import HostClient, HostParams
 from manytask.methods.registry import MANY_TASK, register_method
 from manytask.models.multitask import load_state, task_of_key, trainable_state
+from manytask.search_space import Space, uniform
 
 CLIENT_PREFIX = "client/"
 
 
 class MatflParams(HostParams):
+    # ranges for manytask tune: the cosine that joins clients
+    SEARCH_SPACE: ClassVar[Space] = {"threshold": uniform(0.0, 0.9)}
     threshold: float = Field(default=0.5, ge=-1, le=1, description="cosine similarity that joins clients")
 
 

@@ -11,7 +11,7 @@ module only moves data in and out of it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -43,6 +43,7 @@ from manytask.metric_names import CLIENT_VIEW_PREFIX, similarity_key
 from manytask.models import ParamSpace
 from manytask.models.multitask import MultiTaskModel, head_prefix, load_state, task_of_key, trainable_state
 from manytask.registry import Params
+from manytask.search_space import Space, uniform
 from manytask.seeding import derive_seed
 
 UNIFIED = "unified"
@@ -52,6 +53,8 @@ VECTOR_PREFIX = "vector/"
 
 
 class MatuParams(Params):
+    # ranges for manytask tune: around ρ 0.4 and ε 0.5
+    SEARCH_SPACE: ClassVar[Space] = {"rho": uniform(0.1, 0.9), "eps": uniform(0.1, 0.9)}
     rho: float = Field(default=DEFAULT_RHO, ge=0, le=1, description="agreement threshold ρ")
     eps: float = Field(default=DEFAULT_EPS, ge=0, le=1, description="similarity threshold ε")
     kappa: int | None = Field(default=DEFAULT_KAPPA, ge=0, description="at most κ neighbour tasks (None: all)")

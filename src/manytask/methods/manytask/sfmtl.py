@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cached_property
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,7 @@ from manytask.methods.registry import MANY_TASK, register_method
 from manytask.metric_names import COMMUNITIES, community_key, graph_key
 from manytask.models.multitask import MultiTaskModel, head_prefix, trainable_state
 from manytask.registry import Params
+from manytask.search_space import Space, log_range, uniform
 from manytask.seeding import derive_seed, torch_generator
 from manytask.tasks.task import TaskKind
 
@@ -46,6 +48,12 @@ LABELS = "labels"
 
 
 class SfmtlParams(Params):
+    # ranges for manytask tune: a decade and more around λ 0.03 and λ_a 0.1; α over its whole span
+    SEARCH_SPACE: ClassVar[Space] = {
+        "lam": log_range(1e-3, 1.0),
+        "anchor_weight": log_range(0.01, 1.0),
+        "alpha": uniform(0.0, 1.0),
+    }
     alpha: float = Field(default=0.49, ge=0, le=1, description="weight of head vs anchor similarity")
     lam: float = Field(default=0.03, ge=0, description="graph-Laplacian strength λ")
     anchor_weight: float = Field(default=0.1, ge=0, description="anchor loss weight λ_a")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cached_property
+from typing import ClassVar
 
 import torch
 from pydantic import Field
@@ -41,11 +42,14 @@ from manytask.methods.common.wire import (
 from manytask.methods.registry import PERSONALIZED, register_method
 from manytask.models.multitask import MultiTaskModel, to_role, to_task, trainable_state
 from manytask.registry import Params
+from manytask.search_space import Space, log_range
 
 NAME = "fedu"
 
 
 class FeduParams(Params):
+    # ranges for manytask tune: a decade and more around λ 0.03
+    SEARCH_SPACE: ClassVar[Space] = {"lam": log_range(1e-3, 1.0)}
     lam: float = Field(default=0.03, ge=0, description="λ: graph-Laplacian strength (the spec's value)")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from itertools import islice
+from typing import ClassVar
 
 import torch
 from pydantic import Field
@@ -32,6 +33,7 @@ from manytask.methods.hosts.base import HostServer
 from manytask.methods.registry import PERSONALIZED, register_method
 from manytask.models.multitask import MultiTaskModel, to_role, to_task, trainable_state
 from manytask.registry import Params
+from manytask.search_space import Space, log_range
 from manytask.tasks.task import TaskSpec
 
 NAME = "pfedme"
@@ -39,6 +41,8 @@ NAME = "pfedme"
 
 class PfedmeParams(Params):
     """Defaults are the pFedMe paper's MNIST (non-convex DNN) settings, the closest to SFMTL-Graph's benchmarks."""
+    # ranges for manytask tune: pFedMe sweeps λ over {15, 20, 30} and its personal rate
+    SEARCH_SPACE: ClassVar[Space] = {"lam": log_range(1.0, 30.0), "personal_lr": log_range(0.01, 0.2)}
 
     inner_steps: int = Field(default=5, ge=1, description="K: gradient steps on θ per mini-batch")
     lam: float = Field(default=15.0, gt=0, description="λ: how strongly θ is tied to the local model w")

@@ -14,7 +14,7 @@ the host sent it, so ρ = 1 is exactly the host, bytes included.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -26,12 +26,15 @@ from manytask.methods.common.updates import copy_groups, delta, densify, encode_
 from manytask.methods.plugins.base import PluginClient, PluginServer
 from manytask.methods.registry import PluginDef, register_plugin
 from manytask.registry import Params
+from manytask.search_space import Space, uniform
 from manytask.seeding import torch_generator
 
 Select = Literal["largest", "smallest", "random"]
 
 
 class DeaParams(Params):
+    # ranges for manytask tune: FedDEA sweeps ρ from 0.1 to 0.9
+    SEARCH_SPACE: ClassVar[Space] = {"rho": uniform(0.05, 0.9)}
     rho: float = Field(default=0.3, gt=0, le=1, description="selection ratio ρ: the fraction of entries kept")
     select: Select = Field(default="largest", description="entries kept: largest |Δ| (DEA), smallest, or random")
     rescale: bool = Field(default=True, description="rescale the kept entries by 1/ρ (recalibration)")

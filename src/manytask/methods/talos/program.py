@@ -14,7 +14,7 @@ the upload and the server's rule (talos/partitioned.py, talos/oneshot.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 from torch import Tensor, nn
@@ -29,6 +29,7 @@ from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostS
 from manytask.methods.talos.calibration import calibration_batches
 from manytask.methods.talos.mask import Masks, calibrate_mask, pack_masks, scored_parameters, unpack_masks
 from manytask.models.multitask import MultiTaskModel, task_of_key
+from manytask.search_space import Space, uniform
 from manytask.seeding import derive_seed
 from manytask.tasks.task import TaskKind
 
@@ -40,6 +41,8 @@ VARIANTS = {"fl": (10, 0.01, False), "original": (4, 0.1, True)}
 
 
 class TalosParams(HostParams):
+    # ranges for manytask tune: TaLoS's sparsity ρ*
+    SEARCH_SPACE: ClassVar[Space] = {"sparsity": uniform(0.5, 0.99)}
     sparsity: float = Field(0.9, ge=0, lt=1, description="ρ*: the fraction of scored backbone entries never trained")
     head_rounds: int | None = Field(None, ge=1, description="rounds of the head-only phase (default: half the run)")
     calibration_examples: int = Field(100, ge=1, description="examples per client and task scoring its mask")
