@@ -23,6 +23,7 @@ from manytask.report.graph import (
     community_summary,
     default_graph_rounds,
     draw_client_graph,
+    modularity_curves,
     plot_client_graph,
 )
 from manytask.run import run_config
@@ -111,6 +112,24 @@ def test_ari_matches_the_hand_computed_values(run: Path) -> None:
     assert summary.mean_ari == pytest.approx((1 + SPLIT_ARI) / 3)
 
 
+# Modularity by hand, Q = Σ_c [L_c / m − (d_c / 2m)²]. Rounds 1-2: six clients, all 15 edges 0.3 (m = 4.5, every
+# degree 1.5); the true clusters {0, 1, 5}, {2, 3, 4} hold 3 edges each: Q = 2·(0.9/4.5 − (4.5/9)²) = −0.1 (round 1's
+# communities are that partition; round 2's single community has Q = 0). Round 3: edges (0,1) 0.5, (0,2) 0.1,
+# (2,3) 0.9, m = 1.5, degrees 0.6, 0.5, 1.0, 0.9. True {0, 1}, {2, 3}: (0.5/1.5 − (1.1/3)²) + (0.9/1.5 − (1.9/3)²);
+# found {0}, {1}, {2, 3}: −(0.6/3)² − (0.5/3)² + (0.9/1.5 − (1.9/3)²).
+TRUE_Q = [-0.1, -0.1, 0.5 / 1.5 - (1.1 / 3) ** 2 + 0.9 / 1.5 - (1.9 / 3) ** 2]
+FOUND_Q = [-0.1, 0.0, -((0.6 / 3) ** 2) - (0.5 / 3) ** 2 + 0.9 / 1.5 - (1.9 / 3) ** 2]
+
+
+def test_modularity_of_the_found_and_the_true_partition_by_hand(run: Path) -> None:
+    curves = modularity_curves(load_run(run))
+    assert curves["true"][0] == [1, 2, 3] and curves["true"][1] == pytest.approx(TRUE_Q)
+    assert curves["found"][0] == [1, 2, 3] and curves["found"][1] == pytest.approx(FOUND_Q)
+    summary = community_summary(load_run(run))
+    assert summary.true_modularity == pytest.approx(sum(TRUE_Q) / 3)
+    assert summary.found_modularity == pytest.approx(sum(FOUND_Q) / 3)
+
+
 def test_no_ari_without_groups_or_communities(tmp_path: Path) -> None:
     ungrouped = load_run(make_graph_run(tmp_path / "ungrouped", groups=False))
     assert community_ari(ungrouped) is None and community_ari_curve(ungrouped) == ([], [])
@@ -149,8 +168,9 @@ def test_comparison_report_tables_the_community_ari(tmp_path: Path) -> None:
     (root / "summary.json").write_text(json.dumps({"runs": {"sfmtl-graph": {}, "fedavg": {}}}))
     text = write_report(root).read_text()
     table = text.split("## Client communities\n")[1].split("## Plots")[0].strip().splitlines()
-    assert table[0] == "| run | last round | communities | community ARI | mean ARI over rounds |"
-    assert table[2:] == ["| sfmtl-graph | 3 | 3 | 0.57 | 0.52 |"]  # fedavg logged no communities
+    assert table[0] == ("| run | last round | communities | community ARI | mean ARI over rounds | modularity found "
+                        "(mean) | modularity of the true clusters (mean) |")
+    assert table[2:] == ["| sfmtl-graph | 3 | 3 | 0.57 | 0.52 | 0.010 | 0.066 |"]  # fedavg logged no communities
     assert "- community ARI vs the true client clusters: 0.57 at round 3" in text  # in the run's own section
     assert "](plots/client_graph_sfmtl-graph.png)" in text and "client_graph_fedavg" not in text
 

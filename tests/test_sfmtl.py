@@ -7,8 +7,10 @@ import torch
 
 from manytask.config import validate
 from manytask.methods.manytask.sfmtl import AnchorHook
+from manytask.methods.manytask.sfmtl_math import random_graph
 from manytask.models import build_model
 from manytask.run import resume, run_config
+from manytask.seeding import torch_generator
 from manytask.tasks import TaskKind, TaskSpec
 from tests.conftest import small_config_dict
 
@@ -58,3 +60,17 @@ def test_client_backbones_persist_and_resume_exactly(tmp_path):
     states = load_checkpoint(tmp_path / "cut" / "checkpoint.safetensors").clients
     assert all(any(k.startswith("backbone.") for k in s) and "anchors" in s for s in states.values())
     assert resume(tmp_path / "cut")["sfmtl-graph"]["tasks"] == full["tasks"]
+
+
+def test_the_random_graph_control_is_seeded_symmetric_and_replaces_the_learned_graph(tmp_path):
+    weights = random_graph(5, torch_generator(3, "g"))
+    assert torch.equal(weights, weights.T) and torch.equal(weights.diagonal(), torch.zeros(5))
+    assert bool(((weights > 0) | torch.eye(5, dtype=torch.bool)).all()) and float(weights.max()) < 1
+    assert torch.equal(weights, random_graph(5, torch_generator(3, "g")))
+    edges = {}
+    for graph in ("learned", "random"):
+        config = small_config_dict(**PERSONAL, method={"name": "sfmtl-graph", "graph": graph}, rounds=2)
+        run_config(validate(config), tmp_path / graph)
+        rows = [json.loads(line) for line in (tmp_path / graph / "metrics.jsonl").read_text().splitlines()]
+        edges[graph] = {k: v for k, v in rows[-1]["fit"].items() if k.startswith("graph/")}
+    assert len(edges["random"]) == 15 and edges["random"] != edges["learned"]  # every pair of 6 clients

@@ -108,6 +108,39 @@ def community_ari_curve(record: RunRecord) -> tuple[list[int], list[float]]:
     return [r for r, _ in kept], [ari for _, ari in kept]
 
 
+def partition_modularity(edges: Edges, clients: list[int], label: dict[int, Any]) -> float | None:
+    """Weighted modularity Q of the partition of `clients` by `label` on the graph `edges` (networkx's Q, the
+    quantity Louvain maximizes); None on a graph without edges."""
+    if not edges:
+        return None
+    graph = nx.Graph()
+    graph.add_nodes_from(clients)
+    graph.add_weighted_edges_from((a, b, w) for (a, b), w in edges.items())
+    parts: dict[Any, set[int]] = {}
+    for client in clients:
+        parts.setdefault(label[client], set()).add(client)
+    return float(nx.community.modularity(graph, list(parts.values()), weight="weight"))
+
+
+def modularity_curves(record: RunRecord) -> dict[str, tuple[list[int], list[float]]]:
+    """Per round with communities, on the method's own graph: the modularity of the communities it found and of
+    the participants' true clusters (a reference: what the graph says of the true partition); the latter only where
+    the benchmark has clusters."""
+    groups = client_groups(record)
+    curves: dict[str, tuple[list[int], list[float]]] = {"found": ([], []), "true": ([], [])}
+    for round_ in community_rounds(record):
+        clients, edges, community = client_graph(record, round_)
+        labelled = {"found": (clients, community)}
+        if groups is not None and all(c in groups for c in clients):
+            labelled["true"] = (clients, groups)
+        for name, (members, label) in labelled.items():
+            value = partition_modularity(edges, members, label)
+            if value is not None:
+                curves[name][0].append(round_)
+                curves[name][1].append(value)
+    return curves
+
+
 class CommunitySummary(NamedTuple):
     """A run's communities at the last round that logged them, and how well they matched the true clusters."""
 
@@ -116,6 +149,8 @@ class CommunitySummary(NamedTuple):
     ari: float | None  # at the last round
     mean_ari: float | None  # over the rounds that logged communities
     ari_rounds: int  # how many rounds the mean covers
+    found_modularity: float | None = None  # mean over rounds, the communities found, on the method's graph
+    true_modularity: float | None = None  # mean over rounds, the true clusters, on the same graph
 
 
 def community_summary(record: RunRecord) -> CommunitySummary | None:
@@ -128,7 +163,12 @@ def community_summary(record: RunRecord) -> CommunitySummary | None:
     ari_rounds, aris = community_ari_curve(record)
     final = aris[-1] if ari_rounds and ari_rounds[-1] == rounds[-1] else None
     mean = sum(aris) / len(aris) if aris else None
-    return CommunitySummary(rounds[-1], count, final, mean, len(aris))
+    found, true = (_mean(values) for _, values in modularity_curves(record).values())
+    return CommunitySummary(rounds[-1], count, final, mean, len(aris), found, true)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def default_graph_rounds(record: RunRecord) -> list[int]:

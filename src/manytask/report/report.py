@@ -9,7 +9,7 @@ from typing import Any
 from manytask.metric_names import CLIENT_VIEW_PREFIX
 from manytask.report.affinity import plot_affinity_over_rounds
 from manytask.report.delta import delta_table, plot_delta_vs_round, resolve_base
-from manytask.report.graph import community_summary, plot_client_graph
+from manytask.report.graph import CommunitySummary, community_summary, plot_client_graph
 from manytask.report.masks import plot_mask_location
 from manytask.report.pictures import plot_prediction_grid
 from manytask.report.plots import (
@@ -144,9 +144,9 @@ def _time_lines(record: RunRecord) -> list[tuple[str, str]]:
     ]
 
 
-def _ari_text(value: float | None) -> str:
-    """An adjusted Rand index with two decimals, or the missing marker."""
-    return MISSING if value is None else f"{value:.2f}"
+def _ari_text(value: float | None, decimals: int = 2) -> str:
+    """An adjusted Rand index (or a modularity) with two decimals, or the missing marker."""
+    return MISSING if value is None else f"{value:.{decimals}f}"
 
 
 def _community_lines(record: RunRecord) -> list[tuple[str, str]]:
@@ -160,8 +160,17 @@ def _community_lines(record: RunRecord) -> list[tuple[str, str]]:
         ari = f"{_ari_text(found.ari)} at round {last} ({mean})"
     else:
         ari = f"{MISSING} (the benchmark has no true client clusters)"
-    return [("client communities", f"{found.communities} at round {last}"),
-            ("community ARI vs the true client clusters", ari)]
+    lines = [("client communities", f"{found.communities} at round {last}"),
+             ("community ARI vs the true client clusters", ari),
+             ("modularity on the method's graph, mean over rounds", _modularities(found))]
+    return lines
+
+
+def _modularities(found: CommunitySummary) -> str:
+    """The found communities' modularity and, as a reference, the true clusters' on the same graphs."""
+    true = (f"; the true clusters: {found.true_modularity:.3f}" if found.true_modularity is not None else
+            "; no true clusters to compare")
+    return f"the communities found: {_ari_text(found.found_modularity, 3)}{true}"
 
 
 def _community_section(record: RunRecord) -> list[str]:
@@ -173,9 +182,11 @@ def _community_section(record: RunRecord) -> list[str]:
 def _community_table(records: list[RunRecord]) -> list[str]:
     """A comparison's table of final communities and their ARI, for the runs that logged communities."""
     found = [(record.label, community_summary(record)) for record in records]
-    rows = [[label, str(c.last_round), str(c.communities), _ari_text(c.ari), _ari_text(c.mean_ari)]
+    rows = [[label, str(c.last_round), str(c.communities), _ari_text(c.ari), _ari_text(c.mean_ari),
+             _ari_text(c.found_modularity, 3), _ari_text(c.true_modularity, 3)]
             for label, c in found if c is not None]
-    headers = ["run", "last round", "communities", "community ARI", "mean ARI over rounds"]
+    headers = ["run", "last round", "communities", "community ARI", "mean ARI over rounds",
+               "modularity found (mean)", "modularity of the true clusters (mean)"]
     return ["## Client communities\n", markdown_table(headers, rows)] if rows else []
 
 

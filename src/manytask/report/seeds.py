@@ -136,6 +136,11 @@ def _mean_ari(record: RunRecord) -> float | None:
     return None if found is None or not found.ari_rounds else found.mean_ari
 
 
+def _true_modularity(record: RunRecord) -> float | None:
+    found = community_summary(record)
+    return None if found is None else found.true_modularity
+
+
 def _worst_10(record: RunRecord) -> float | None:
     return (record.summary.get("fairness") or {}).get("worst_10")
 
@@ -165,7 +170,9 @@ def seed_table(records: Sequence[RunRecord], base: str | None = None,
     if max_task_columns is not None and len(tasks) > max_task_columns:
         tasks = []
     optional = [(name, get, pct) for name, get, pct in (
-        ("community ARI, mean over rounds", _mean_ari, False), ("worst 10 % of clients", _worst_10, percent),
+        ("community ARI, mean over rounds", _mean_ari, False),
+        ("true clusters' modularity on its graph", _true_modularity, False),
+        ("worst 10 % of clients", _worst_10, percent),
     ) if any(get(r) is not None for r in records)]
     headers = ["run", "seeds", "average", "per seed", "vs best",
                *([f"Δ% vs {base_group.label}"] if base_group else []), "normalized",

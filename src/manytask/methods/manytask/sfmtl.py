@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cached_property
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ from manytask.methods.common.wire import (
     counts_problem,
     task_sizes,
 )
-from manytask.methods.manytask.sfmtl_math import communities, community_anchors, similarity_graph
+from manytask.methods.manytask.sfmtl_math import communities, community_anchors, random_graph, similarity_graph
 from manytask.methods.registry import MANY_TASK, register_method
 from manytask.metric_names import COMMUNITIES, community_key, graph_key
 from manytask.models.multitask import MultiTaskModel, head_prefix, trainable_state
@@ -59,6 +59,9 @@ class SfmtlParams(Params):
     anchor_weight: float = Field(default=0.1, ge=0, description="anchor loss weight λ_a")
     momentum: float = Field(default=0.5, ge=0, lt=1, description="anchor momentum m")
     resolution: float = Field(default=1.0, gt=0, description="Louvain resolution")
+    graph: Literal["learned", "random"] = Field(
+        default="learned", description="learned: the similarity graph; random: U(0, 1) edge weights (a control)"
+    )
 
 
 class AnchorHook(TrainHook):
@@ -157,7 +160,8 @@ class SfmtlServer(PerClientPayloadServer):
         heads = [_head(m, t) for m, t in zip(messages, tasks, strict=True)]
         anchors = [m.tensor(ANCHORS) for m in messages]
         labels = [m.tensor(LABELS).nonzero().flatten().tolist() for m in messages]
-        weights = similarity_graph(heads, anchors, labels, self.params.alpha)
+        weights = (similarity_graph(heads, anchors, labels, self.params.alpha) if self.params.graph == "learned"
+                   else random_graph(len(clients), torch_generator(self.setup.seed, "random-graph", round_index)))
         groups = communities(weights, derive_seed(self.setup.seed, "louvain", round_index), self.params.resolution)
         sizes = [task_sizes(m)[t] for m, t in zip(messages, tasks, strict=True)]
         new_heads = laplacian_step([{"weight": w, "bias": b} for w, b in heads], weights, groups,

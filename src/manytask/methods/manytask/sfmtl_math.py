@@ -121,6 +121,17 @@ def _anchor_means(held: list[Tensor]) -> Tensor:
     return means
 
 
+def random_graph(n: int, generator: torch.Generator) -> Tensor:
+    """A control for the learned graph: w_ij ~ U(0, 1) for i < j, drawn from `generator`; symmetric, zero diagonal.
+    Communities found on it carry no information about the clients, so what the learned graph adds is the gap."""
+    weights = torch.zeros(n, n)
+    i, j = torch.triu_indices(n, n, 1)
+    drawn = torch.rand(len(i), generator=generator)
+    weights[i, j] = drawn
+    weights[j, i] = drawn
+    return weights
+
+
 def communities(weights: Tensor, seed: int, resolution: float = 1.0) -> list[list[int]]:
     """Step 4: Louvain communities maximizing weighted modularity (networkx's implementation), seeded; each
     community sorted, communities ordered by their smallest member."""
