@@ -33,9 +33,10 @@ def _quiet(_: str) -> None:
 def test_each_member_tunes_its_declared_space_and_the_learning_rate():
     config = validate(small_config_dict(method=["fedavg", "fedprox", {"name": "fedavg", "plugin": "dea"}]))
     spaces = [member_space(config, entry) for entry in config.methods]
-    assert spaces[0] == {"train.lr": log_range(0.005, 0.5)}
-    assert spaces[1] == {"train.lr": log_range(0.005, 0.5), "mu": log_range(1e-3, 1.0)}
-    assert spaces[2] == {"train.lr": log_range(0.005, 0.5), "plugin.rho": uniform(0.05, 0.9)}
+    lr = log_range(0.05 / 10, 0.05 * 3)  # around the config's own rate
+    assert spaces[0] == {"train.lr": lr}
+    assert spaces[1] == {"train.lr": lr, "mu": log_range(1e-3, 1.0)}
+    assert spaces[2] == {"train.lr": lr, "plugin.rho": uniform(0.05, 0.9)}
 
 
 def test_a_config_overrides_or_drops_dimensions():
@@ -154,3 +155,22 @@ def test_the_command_tunes_resumes_and_refuses_another_config(tmp_path):
     assert other.exit_code == 2 and "holds the tuning of another config" in other.output
     record = json.loads((tmp_path / "t" / "tuning.json").read_text())
     assert record["trials"] == 2
+
+
+def test_the_rate_range_follows_the_members_own_rate():
+    config = validate(small_config_dict(method=[{"name": "fedavg", "train": {"lr": 0.2}}]))
+    lr = member_space(config, config.methods[0])["train.lr"]
+    assert lr.log and (lr.low, lr.high) == pytest.approx((0.02, 0.6))
+
+
+def _score(tmp_path, name, seed, repeats):
+    config = small_config_dict(method="fedavg", seed=seed, rounds=2, tune={
+        "trials": 1, "repeats": repeats, "pruning": False, "space": {"fedavg": {"train.lr": {"choices": [0.05]}}}})
+    tune(validate(config), tmp_path / name, progress=_quiet)
+    return json.loads((tmp_path / name / "tuning.json").read_text())["members"]["fedavg"]["validation_score"]
+
+
+def test_repeats_score_a_trial_by_the_mean_over_seeds(tmp_path):
+    first, second = _score(tmp_path, "a", 7, 1), _score(tmp_path, "b", 8, 1)
+    assert first != second
+    assert _score(tmp_path, "both", 7, 2) == pytest.approx((first + second) / 2)

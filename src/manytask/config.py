@@ -69,6 +69,8 @@ class TuneConfig(Params):
     startup_trials: int = Field(default=4, ge=1, description="random trials before TPE models the space and "
                                 "before any trial is pruned")
     pruning: bool = Field(default=True, description="stop trials whose validation curve is below the median")
+    repeats: int = Field(default=1, ge=1, description="seeds each trial is scored over (seed, seed + 1, ...), each "
+                         "with its own validation split: the score is their mean, so luck does not pick the values")
 
 
 class RunConfig(Params):

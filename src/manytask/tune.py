@@ -1,6 +1,7 @@
 """`manytask tune CONFIG --trials N`: an Optuna study per member of a config, the same number of trials each, over
 the search spaces its method (and plug-in) declares, scored on a validation split carved from every task's training
-data. The test set is never read.
+data. The test set is never read. With `tune.repeats: r` a trial is scored by its mean over r seeds, each with its
+own validation split (repeated hold-out), so one lucky split does not pick the values.
 
 The studies live in one SQLite file in the tuning directory (`study.db`, one study per member label), so a tuning
 killed at any point goes on where it stopped and the file opens with Optuna's own tools (`optuna-dashboard`,
@@ -32,7 +33,7 @@ from manytask.errors import ManytaskError
 from manytask.experiment import Experiment, make_benchmark
 from manytask.methods.registry import METHODS, PLUGINS
 from manytask.rundir import RunDir
-from manytask.search_space import TRAIN_PREFIX, TRAIN_SPACE, Dimension, Space, parse_dimension
+from manytask.search_space import TRAIN_PREFIX, Dimension, Space, parse_dimension, train_space
 from manytask.seeding import derive_seed, torch_generator
 
 if TYPE_CHECKING:
@@ -48,10 +49,11 @@ Progress = Callable[[str], None]
 
 
 def member_space(config: RunConfig, entry: dict[str, Any]) -> Space:
-    """The dimensions tuned for one member: the local learning rate, its method's and its plug-in's declared
-    spaces (the plug-in's prefixed `plugin.`), then the config's `tune.space.<label>` (null drops a dimension)."""
+    """The dimensions tuned for one member: the local learning rate around its own, its method's and its plug-in's
+    declared spaces (the plug-in's prefixed `plugin.`), then the config's `tune.space.<label>` (null drops one)."""
     name, _ = split_method(entry)
-    space: Space = {**TRAIN_SPACE, **getattr(METHODS.get(name).params, "SEARCH_SPACE", {})}
+    own_lr = config.for_method(entry).train.lr
+    space: Space = {**train_space(own_lr), **getattr(METHODS.get(name).params, "SEARCH_SPACE", {})}
     plugin = split_plugin(entry)
     if plugin is not None:
         declared = getattr(PLUGINS.get(plugin[0]).params, "SEARCH_SPACE", {})
@@ -162,9 +164,13 @@ class Tuner:
                  progress: Progress = print) -> None:
         self.config, self.out, self.observer, self.say = config, Path(out), observer, progress
         self.settings = config.tune or TuneConfig()
-        benchmark = make_benchmark(config)
-        self.direction = _direction(benchmark)
-        self.benchmark = validation_benchmark(benchmark, self.settings.validation, config.seed)
+        # one validation split per repeat (seed, seed + 1, ...): repeated hold-out, built once for every trial
+        self.benchmarks = [self._validation(config.seed + repeat) for repeat in range(self.settings.repeats)]
+        self.direction = _direction(self.benchmarks[0])
+
+    def _validation(self, seed: int) -> Benchmark:
+        benchmark = make_benchmark(self.config.model_copy(update={"seed": seed}))
+        return validation_benchmark(benchmark, self.settings.validation, seed)
 
     def run(self) -> Path:
         """Tune every member to the budget (resuming studies found in `out`); write and return tuned.yaml."""
@@ -204,17 +210,21 @@ class Tuner:
 
         values = {key: _suggest(trial, key, dim) for key, dim in space.items()}
         member = self.config.model_copy(update={"seeds": None}).for_method(with_values(entry, values))
-        experiment = Experiment.build(validate(member.model_dump(mode="json")), self.benchmark)
-        run_dir = RunDir(self.out / TRIALS / f"{method_label(entry)}-{trial.number:04d}")
-        shutil.rmtree(run_dir.path, ignore_errors=True)
-        run_dir.start(to_yaml(experiment.config), experiment.federation.to_json())
-        try:
-            summary = engine_for(experiment, run_dir, PruningObserver(trial, self.observer))(None)
-        except RoundFailed as failure:  # diverged: it used its share of the budget and scores nothing
-            raise optuna.TrialPruned(f"a round failed: {failure}") from None
-        finally:
-            shutil.rmtree(run_dir.path, ignore_errors=True)  # checkpoints of every trial would fill the disk
-        return float(summary["average"])
+        scores = []
+        for repeat in range(self.settings.repeats):  # pruning watches the first repeat's curve
+            seeded = member.model_copy(update={"seed": member.seed + repeat})
+            experiment = Experiment.build(validate(seeded.model_dump(mode="json")), self.benchmarks[repeat])
+            run_dir = RunDir(self.out / TRIALS / f"{method_label(entry)}-{trial.number:04d}-{repeat}")
+            shutil.rmtree(run_dir.path, ignore_errors=True)
+            run_dir.start(to_yaml(experiment.config), experiment.federation.to_json())
+            watcher = PruningObserver(trial, self.observer) if repeat == 0 else self.observer
+            try:
+                scores.append(float(engine_for(experiment, run_dir, watcher)(None)["average"]))
+            except RoundFailed as failure:  # diverged: it used its share of the budget and scores nothing
+                raise optuna.TrialPruned(f"a round failed: {failure}") from None
+            finally:
+                shutil.rmtree(run_dir.path, ignore_errors=True)  # checkpoints of every trial would fill the disk
+        return sum(scores) / len(scores)
 
     def _report_trial(self, label: str, study: optuna.Study) -> None:
         from optuna.trial import TrialState
@@ -240,7 +250,8 @@ class Tuner:
 
     def _write(self, members: dict[str, dict[str, Any]]) -> Path:
         tuned_entries = [with_values(entry, members[method_label(entry)]["best"]) for entry in self.config.methods]
-        record = {"trials": self.settings.trials, "validation": self.settings.validation,
+        record = {"trials": self.settings.trials, "repeats": self.settings.repeats,
+                  "validation": self.settings.validation,
                   "direction": self.direction, "study": STUDY, "members": members}
         data = self.config.model_dump(mode="json", exclude_none=True)
         data.pop("plugins", None)  # the tuned entries carry their plug-ins

@@ -401,9 +401,10 @@ def _tuning_section(records: list[RunRecord]) -> list[str]:
              f"{m['validation_score']:.4f}", f"{m['trials']['complete']} / {m['trials']['pruned']} / "
              f"{m['trials']['failed']}"] for label, m in tuned["members"].items()]
     return ["## Tuning\n",
-            f"Every member had the same budget: {tuned['trials']} Optuna trials (TPE; pruned trials count), scored on "
+            f"Every member had the same budget: {tuned['trials']} Optuna trials (TPE; pruned trials count), each "
+            f"scored over {tuned.get('repeats', 1)} seed(s) on "
             f"a validation split of {tuned['validation']:g} of every task's training data, never on the test set "
-            f"({tuned['direction']} the average main metric at the tuning seed). The study is `{tuned['study']}` in "
+            f"(to {tuned['direction']} the average main metric). The study is `{tuned['study']}` in "
             "the tuning directory.\n",
             markdown_table(["member", "search space", "best values", "validation score",
                             "trials complete / pruned / failed"], rows)]
