@@ -1,4 +1,4 @@
-"""The `manytask` command line: run | tune | list | report | compare."""
+"""The `manytask` command line: run | tune | list | report | compare | cross-eval."""
 
 from __future__ import annotations
 
@@ -274,6 +274,26 @@ def compare(
 ) -> None:
     """One table across runs (comparison directories expand into their members)."""
     _guarded(lambda: _print_comparison(run_dirs, base))
+
+
+@app.command("cross-eval")
+def cross_eval(run_dirs: Annotated[list[Path], typer.Argument(help="finished run directories (comparisons expand)")]
+               ) -> None:
+    """The cross-evaluation oracle of personalized runs: every client's final model on every client's test data,
+    its communities and their ARI against the true clusters (written to each run's cross_evaluation.json)."""
+    from manytask.cross_eval import oracle
+    from manytask.report.runs import comparison_order, is_comparison
+
+    def body() -> None:
+        for path in run_dirs:
+            members = [path / name for name in comparison_order(path)] if is_comparison(path) else [path]
+            for member in members:
+                found = oracle(member)
+                ari = "no true clusters" if found["ari"] is None else f"ARI {found['ari']:.2f}"
+                out_console.print(f"{member}: {len(found['communities'])} oracle communities, {ari}; own data "
+                                  f"{found['own']:.3f}, others' {found['others']:.3f}", highlight=False)
+
+    _guarded(body)
 
 
 flower_app = typer.Typer(help="Flower deployment helpers (needs manytask[flower]).")

@@ -97,10 +97,11 @@ class ClientRunner:
             print(f"{self.exp.label}: execution vectorized trains these clients one after another: {reason}",
                   file=sys.stderr)
 
-    def evaluate(self, client: int, payload: bytes | None, state: ClientState) -> Metrics:
-        """The client's own model on the test sets of the tasks it holds."""
+    def evaluate(self, client: int, payload: bytes | None, state: ClientState, test: TaskData | None = None) -> Metrics:
+        """The client's own model on the test sets of the tasks it holds (or on `test`, keyed by its tasks: another
+        client's data, for a cross-evaluation)."""
         ctx = self._context(client, self.exp.total_rounds, state, derive_seed(self.exp.config.seed, "eval", client))
-        test = self._on_device(self.exp.test_data(self.exp.federation.tasks_of(client)))
+        test = self._on_device(self.exp.test_data(self.exp.federation.tasks_of(client)) if test is None else test)
         metrics = self.program.evaluate(ctx, _decoded(payload), test)
         state.update(on_device(state, CPU))
         return metrics

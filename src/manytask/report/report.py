@@ -29,6 +29,7 @@ from manytask.report.runs import (
     is_comparison,
     load_run,
     load_runs,
+    read_oracle,
     read_summary,
 )
 from manytask.report.seeds import NOISE_NOTE, plot_seed_bands, seed_table
@@ -163,6 +164,11 @@ def _community_lines(record: RunRecord) -> list[tuple[str, str]]:
     lines = [("client communities", f"{found.communities} at round {last}"),
              ("community ARI vs the true client clusters", ari),
              ("modularity on the method's graph, mean over rounds", _modularities(found))]
+    ceiling = read_oracle(record.path)
+    if ceiling is not None and ceiling["ari"] is not None:
+        lines.append(("cross-evaluation oracle (a ceiling)", f"ARI {ceiling['ari']:.2f} with "
+                      f"{len(ceiling['communities'])} communities; models on their own data {ceiling['own']:.3f}, "
+                      f"on the others' {ceiling['others']:.3f}"))
     return lines
 
 

@@ -15,6 +15,7 @@ from manytask.errors import ManytaskError
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 CONFIG = "config.yaml"
+ORACLE = "cross_evaluation.json"  # written by manytask cross-eval (manytask.cross_eval)
 
 
 @dataclass
@@ -206,3 +207,9 @@ def has_dense_tasks(record: RunRecord) -> bool:
     """Whether any task of the run is dense (its kinds are in the summary)."""
     kinds = (record.summary.get("task_kinds") or {}).values()
     return any(kind not in ("classification", "regression") for kind in kinds)
+
+
+def read_oracle(run_dir: str | Path) -> dict[str, Any] | None:
+    """A run's cross-evaluation oracle (manytask cross-eval), or None when it was never computed."""
+    path = Path(run_dir) / ORACLE
+    return _read_json(path) if path.is_file() else None

@@ -17,7 +17,7 @@ from matplotlib.ticker import MaxNLocator
 from manytask.report.delta import delta_percent
 from manytask.report.graph import community_summary
 from manytask.report.plots import finish_legend, new_axes, run_color, save_figure
-from manytask.report.runs import RunRecord, accuracy_curve, all_accuracy, has_dense_tasks, main_metric
+from manytask.report.runs import RunRecord, accuracy_curve, all_accuracy, has_dense_tasks, main_metric, read_oracle
 from manytask.report.tables import MISSING, human_bits, task_columns
 
 WITHIN_NOISE = "≈ best"
@@ -141,6 +141,11 @@ def _true_modularity(record: RunRecord) -> float | None:
     return None if found is None else found.true_modularity
 
 
+def _oracle_ari(record: RunRecord) -> float | None:
+    found = read_oracle(record.path)
+    return None if found is None else found["ari"]
+
+
 def _worst_10(record: RunRecord) -> float | None:
     return (record.summary.get("fairness") or {}).get("worst_10")
 
@@ -172,6 +177,7 @@ def seed_table(records: Sequence[RunRecord], base: str | None = None,
     optional = [(name, get, pct) for name, get, pct in (
         ("community ARI, mean over rounds", _mean_ari, False),
         ("true clusters' modularity on its graph", _true_modularity, False),
+        ("cross-evaluation oracle ARI", _oracle_ari, False),
         ("worst 10 % of clients", _worst_10, percent),
     ) if any(get(r) is not None for r in records)]
     headers = ["run", "seeds", "average", "per seed", "vs best",
