@@ -33,7 +33,9 @@ SHARE_RANGE = (0.4, 0.6)
 
 
 class LabelSkewParams(SourceParams):
-    source: Literal["digits", "mnist1d", "cifar10", "mnist"] = Field("digits", description="the dataset to split")
+    source: Literal["digits", "mnist1d", "cifar10", "mnist", "fashion-mnist"] = Field(
+        "digits", description="the dataset to split"
+    )
     num_clients: int = Field(30, ge=1)
     classes_per_client: int = Field(2, ge=1)
     samples_per_client: int | None = Field(None, ge=1, description="cap on each client's training images")

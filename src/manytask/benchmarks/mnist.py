@@ -1,4 +1,5 @@
-"""MNIST read from the four official IDX files (plain or gzipped), and the `mnist` benchmark.
+"""MNIST read from the four official IDX files (plain or gzipped), and the `mnist` benchmark. The loader serves
+any dataset in MNIST's format (`load_idx_dataset(root, title)`; Fashion-MNIST uses it).
 
 Expected in `root`: `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`, `t10k-images-idx3-ubyte` and
 `t10k-labels-idx1-ubyte`, each possibly with a `.gz` suffix (as downloaded). An IDX file is a big-endian header
@@ -26,55 +27,71 @@ MNIST_FILES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-image
 SIDE = 28
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """The uint8 array of an IDX label (1-D) or image (3-D) file; `.gz` files are decompressed."""
+def read_idx(path: Path, title: str | None = None) -> np.ndarray:
+    """The uint8 array of an IDX label (1-D) or image (3-D) file; `.gz` files are decompressed. Errors name the
+    file as one of dataset `title`'s (e.g. "MNIST") when it is given."""
     path = Path(path)
+    kind = f"{title} IDX file" if title else "IDX file"
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as err:
-        raise ManytaskError(f"could not read IDX file {path}: {err}.") from None
+        raise ManytaskError(f"could not read {kind} {path}: {err}.") from None
     magic = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
     if magic not in IDX_NDIM:
-        raise ManytaskError(f"{path} is not a uint8 IDX file (magic number 0x00000801 or 0x00000803 expected).")
+        named = f"{title} file {path}" if title else str(path)
+        raise ManytaskError(f"{named} is not a uint8 IDX file (magic number 0x00000801 or 0x00000803 expected).")
     ndim = IDX_NDIM[magic]
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise ManytaskError(f"IDX file {path} is truncated inside its header.")
+        raise ManytaskError(f"{kind} {path} is truncated inside its header.")
     shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     expected = header + int(np.prod(shape))
     if len(raw) != expected:
-        raise ManytaskError(f"IDX file {path} has {len(raw)} bytes but its header {shape} needs {expected}.")
+        cut = "is truncated: it " if len(raw) < expected else ""
+        raise ManytaskError(f"{kind} {path} {cut}has {len(raw)} bytes but its header {shape} needs {expected}.")
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
 
 
-def find_mnist(root: Path) -> list[Path]:
-    """The four MNIST files under `root` (train images, train labels, test images, test labels), plain or `.gz`."""
+def find_idx_files(root: Path, title: str) -> list[Path]:
+    """The four IDX files of dataset `title` under `root` (train images, train labels, test images, test labels),
+    plain or `.gz`; MNIST and Fashion-MNIST share the file names."""
     root = Path(root)
     found = []
     for name in MNIST_FILES:
         path = next((p for p in (root / name, root / f"{name}.gz") if p.is_file()), None)
         if path is None:
             raise ManytaskError(
-                f"MNIST file {root / name} (or {name}.gz) is missing; expected {', '.join(MNIST_FILES)} in {root}."
+                f"{title} file {root / name} (or {name}.gz) is missing; expected {', '.join(MNIST_FILES)} in {root}."
             )
         found.append(path)
     return found
 
 
+def load_idx_dataset(root: Path, title: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`(x_train, y_train, x_test, y_test)` of the MNIST-format dataset `title` under `root`: float32 images
+    `[N, 1, 28, 28]` in [0, 1] and int64 labels 0-9."""
+    train_images, train_labels, test_images, test_labels = find_idx_files(root, title)
+    return (*_load_split(train_images, train_labels, title), *_load_split(test_images, test_labels, title))
+
+
+def find_mnist(root: Path) -> list[Path]:
+    """The four MNIST files under `root` (train images, train labels, test images, test labels), plain or `.gz`."""
+    return find_idx_files(root, "MNIST")
+
+
 def load_mnist(root: Path) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """`(x_train, y_train, x_test, y_test)`: float32 images `[N, 1, 28, 28]` in [0, 1] and int64 labels."""
-    train_images, train_labels, test_images, test_labels = find_mnist(root)
-    return (*_load_split(train_images, train_labels), *_load_split(test_images, test_labels))
+    return load_idx_dataset(root, "MNIST")
 
 
-def _load_split(image_path: Path, label_path: Path) -> tuple[Tensor, Tensor]:
-    images, labels = read_idx(image_path), read_idx(label_path)
+def _load_split(image_path: Path, label_path: Path, title: str = "MNIST") -> tuple[Tensor, Tensor]:
+    images, labels = read_idx(image_path, title), read_idx(label_path, title)
     if images.ndim != 3 or images.shape[1:] != (SIDE, SIDE) or labels.ndim != 1:
-        raise ManytaskError(f"MNIST files {image_path} and {label_path} do not hold 28x28 images and labels.")
+        raise ManytaskError(f"{title} files {image_path} and {label_path} do not hold 28x28 images and labels.")
     if len(images) != len(labels):
-        raise ManytaskError(f"MNIST file {image_path} has {len(images)} images but {label_path} has {len(labels)}.")
+        raise ManytaskError(f"{title} file {image_path} has {len(images)} images but {label_path} has {len(labels)}.")
     if len(labels) and int(labels.max()) > 9:
-        raise ManytaskError(f"MNIST file {label_path} has label {int(labels.max())}; labels must be 0-9.")
+        raise ManytaskError(f"{title} file {label_path} has label {int(labels.max())}; labels must be 0-9.")
     x = torch.from_numpy(images.astype(np.float32)).div_(255.0).unsqueeze(1)
     return x, torch.from_numpy(labels.astype(np.int64))
 

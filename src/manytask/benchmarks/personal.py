@@ -2,8 +2,9 @@
 carve up (`source`) and the construction of one task per client, named `client00`, `client01`, ...
 
 Sources: `digits` (scikit-learn's 8x8 digits, split by `test_fraction`), `mnist1d` (generated signals, 80/20),
-`cifar10` and `mnist` (official files under `root`, their own train/test split). `max_train` / `max_test`
-subsample a source's training / test set before any client gets its share.
+`cifar10`, `mnist` and `fashion-mnist` (official files under `root`, their own train/test split; Fashion-MNIST's
+`root` defaults to the Debian package's folder). `max_train` / `max_test` subsample a source's training / test set
+before any client gets its share.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from torch import Tensor
 from manytask.benchmarks.base import Benchmark
 from manytask.benchmarks.cifar10 import load_cifar10
 from manytask.benchmarks.digits import load_images, stratified_split
+from manytask.benchmarks.fashion_mnist import DEFAULT_ROOT as FASHION_MNIST_ROOT
+from manytask.benchmarks.fashion_mnist import load_fashion_mnist
 from manytask.benchmarks.local_files import Arrays, take_subset
 from manytask.benchmarks.mnist import load_mnist
 from manytask.benchmarks.mnist1d import Mnist1dParams, generate
@@ -31,9 +34,11 @@ from manytask.tasks.task import Task, classification_task
 FILE_LOADERS: dict[str, tuple[str, Callable[[Path], Arrays]]] = {
     "cifar10": ("CIFAR-10", load_cifar10),
     "mnist": ("MNIST", load_mnist),
+    "fashion-mnist": ("Fashion-MNIST", load_fashion_mnist),
 }
+DEFAULT_ROOTS = {"fashion-mnist": FASHION_MNIST_ROOT}  # used when `root` is not given
 LABELS = {"digits": "8x8 digits", "mnist1d": "mnist1d signals", "cifar10": "CIFAR-10 images",
-          "mnist": "28x28 MNIST digits"}
+          "mnist": "28x28 MNIST digits", "fashion-mnist": "28x28 Fashion-MNIST clothing images"}
 NUM_CLASSES = 10  # every source has 10 classes
 MNIST1D_KEYS = ("x", "y", "x_test", "y_test")
 
@@ -42,7 +47,7 @@ class SourceParams(Params):
     """Where a personal-task benchmark's data come from; subclasses narrow `source` to the ones they support."""
 
     source: str = Field("digits", description="the single-task dataset the clients' data are drawn from")
-    root: str | None = Field(None, description="folder of the source's files (cifar10, mnist)")
+    root: str | None = Field(None, description="folder of the source's files (cifar10, mnist, fashion-mnist)")
     max_train: int | None = Field(None, ge=1, description="subsample the source's training set")
     max_test: int | None = Field(None, ge=1, description="subsample the source's test set")
     test_fraction: float = Field(0.25, gt=0, lt=1, description="digits source: share of the images for testing")
@@ -81,11 +86,12 @@ def _arrays(name: str, params: SourceParams, seed: int, benchmark: str, num_samp
         x_train, y_train, x_test, y_test = (torch.from_numpy(np.asarray(data[k])) for k in MNIST1D_KEYS)
         return x_train.float(), y_train.long(), x_test.float(), y_test.long()
     title, load = FILE_LOADERS[name]
-    if params.root is None:
+    root = params.root if params.root is not None else DEFAULT_ROOTS.get(name)
+    if root is None:
         raise ManytaskError(
             f"benchmark '{benchmark}' with source '{name}' needs 'root', the folder of the {title} files."
         )
-    return load(Path(params.root).expanduser())
+    return load(Path(root).expanduser())
 
 
 def client_name(client: int) -> str:

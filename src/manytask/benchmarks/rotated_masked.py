@@ -1,5 +1,6 @@
 """`rotated-masked-digits`: one personal task per client, in rotation clusters (SFMTL-Graph's rotated & masked
-MNIST: on the 8×8 digits by default, on 28×28 MNIST from its IDX files with `source: mnist`).
+MNIST: on the 8×8 digits by default, on 28×28 MNIST from its IDX files with `source: mnist`, or on Fashion-MNIST
+with `source: fashion-mnist`).
 
 Client i belongs to rotation cluster c = i·K // N (0°, 90°, 180°, 270° for K = 4) and has its own random patch
 mask: the image is cut into a grid of patches, each white with probability `patch_prob`, and the client sees
@@ -26,7 +27,9 @@ from manytask.tasks.task import Task
 
 
 class RotatedMaskedParams(SourceParams):
-    source: Literal["digits", "mnist"] = Field("digits", description="8x8 digits, or MNIST files under root")
+    source: Literal["digits", "mnist", "fashion-mnist"] = Field(
+        "digits", description="8x8 digits, or MNIST / Fashion-MNIST files under root"
+    )
     num_clients: int = Field(40, ge=1)
     clusters: int = Field(4, ge=1, le=4, description="rotation clusters: 0°, 90°, 180°, 270° (the first K)")
     grid: int = Field(4, ge=1, le=28, description="patches per side; must divide the image side (8 or 28)")
@@ -56,7 +59,7 @@ def _client_task(client: int, source: Source, parts: tuple[np.ndarray, np.ndarra
         return torch.maximum(torch.rot90(x, cluster, dims=(2, 3)), mask).contiguous()
 
     arrays = (seen(source.x_train[train]), source.y_train[train], seen(source.x_test[test]), source.y_test[test])
-    description = f"client {client}: digits rotated by {90 * cluster}°, its own patch mask"
+    description = f"client {client}: images rotated by {90 * cluster}°, its own patch mask"
     return personal_task(client, arrays, source.num_classes, description)
 
 
