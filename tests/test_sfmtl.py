@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from manytask.config import validate
+from manytask.engine.checkpoint import load_checkpoint
 from manytask.methods.manytask.sfmtl import AnchorHook
 from manytask.methods.manytask.sfmtl_math import random_graph
 from manytask.models import build_model
@@ -74,3 +75,20 @@ def test_the_random_graph_control_is_seeded_symmetric_and_replaces_the_learned_g
         rows = [json.loads(line) for line in (tmp_path / graph / "metrics.jsonl").read_text().splitlines()]
         edges[graph] = {k: v for k, v in rows[-1]["fit"].items() if k.startswith("graph/")}
     assert len(edges["random"]) == 15 and edges["random"] != edges["learned"]  # every pair of 6 clients
+
+
+def test_the_papers_cnn_has_signed_features_and_a_relu_opening_every_head(tmp_path):
+    specs = {"t": TaskSpec("t", TaskKind.CLASSIFICATION, 3)}
+    signed = build_model("cnn", {"hidden": 8, "signed_features": True}, (1, 8, 8), specs, 0)
+    plain = build_model("cnn", {"hidden": 8}, (1, 8, 8), specs, 0)
+    assert list(signed.state_dict()) == list(plain.state_dict())  # the same parameters, one ReLU moved
+    x = torch.randn(6, 1, 8, 8)
+    outputs, features = signed.forward_with_features(x, "t")
+    assert bool((features < 0).any()) and torch.allclose(outputs, signed.heads["t"](torch.relu(features)))
+    assert torch.equal(torch.relu(features), plain.backbone(x))  # same seed: same weights before the ReLU
+    config = small_config_dict(**{**PERSONAL, "model": {"backbone": "cnn", "channels": [4], "hidden": 8,
+                                                        "signed_features": True}}, method="sfmtl-graph", rounds=2)
+    run_config(validate(config), tmp_path / "run")
+    states = load_checkpoint(tmp_path / "run" / "checkpoint.safetensors").clients
+    anchors = torch.stack([state["anchors"] for state in states.values() if "anchors" in state])
+    assert bool((anchors < 0).any())  # the anchors track signed features

@@ -79,3 +79,16 @@ def test_louvain_finds_two_cliques_reproducibly_and_community_anchors_weigh_by_s
     anchors = [torch.full((2, 2), float(k)) for k in range(6)]
     merged = community_anchors(anchors, sizes=[10, 30, 60, 1, 1, 1], community=[0, 1, 2])
     assert torch.allclose(merged, torch.full((2, 2), (0 * 10 + 1 * 30 + 2 * 60) / 100))
+
+
+def test_signed_features_open_the_heads_with_their_relu_and_anchors_compare_as_they_are():
+    # Anchors [[1, -1], [-1, 1]] of both clients; heads h0 = identity and h1 = swap. On relu(anchors) = I the heads
+    # disagree on both rows: cos 0 each, so w_head = 0. The anchors themselves match: w_anchor = 1.
+    anchors = [torch.tensor([[1.0, -1.0], [-1.0, 1.0]])] * 2
+    heads = [_head([[1, 0], [0, 1]]), _head([[0, 1], [1, 0]])]
+    opened = similarity_graph(heads, anchors, [[0, 1], [0, 1]], alpha=0.5, head_input=torch.relu)
+    assert opened[0, 1] == pytest.approx(0.5 * 0.0 + 0.5 * 1.0)
+    raw = similarity_graph(heads, anchors, [[0, 1], [0, 1]], alpha=0.5)  # on the raw anchors the swap is -1
+    assert raw[0, 1] == pytest.approx(0.0)  # 0.5 * (-1) + 0.5 * 1
+    relu = torch.relu(anchors[0])
+    assert head_similarity(*heads, relu, relu) == pytest.approx(0.0)

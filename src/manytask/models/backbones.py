@@ -61,6 +61,8 @@ class CNNParams(Params):
     channels: list[int] = Field(default=[16, 32], min_length=1)
     hidden: int = Field(default=64, ge=1)
     norm: Norm = Field(default="none", description=NORM_DESCRIPTION)
+    signed_features: bool = Field(default=False, description="the features are the hidden layer's output before its "
+                                  "ReLU, which then opens every head (SFMTL-Graph's CNN: anchors of signed features)")
 
 
 @BACKBONES.register(
@@ -89,7 +91,10 @@ class SmallCNN(nn.Module):
                 size = [s // 2 for s in size]
             channels = width
         self.features = nn.Sequential(*blocks, nn.Flatten())
-        self.project: nn.Module | None = nn.Sequential(nn.Linear(channels * math.prod(size), params.hidden), nn.ReLU())
+        hidden = nn.Linear(channels * math.prod(size), params.hidden)
+        self.project: nn.Module | None = nn.Sequential(hidden) if params.signed_features else nn.Sequential(
+            hidden, nn.ReLU())
+        self.head_input = nn.ReLU() if params.signed_features else None  # what every head applies first
         self.out_features = params.hidden
         self.pyramid_channels = list(params.channels)
 

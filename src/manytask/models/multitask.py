@@ -43,6 +43,7 @@ class MultiTaskModel(nn.Module):
         if dense and len(dense) == len(specs) and hasattr(backbone, "drop_vector_features"):
             backbone.drop_vector_features()
         self.backbone = backbone
+        self.head_input = getattr(backbone, "head_input", None) or nn.Identity()  # ReLU before heads of signed features
         self.dense = frozenset(dense)
         self.heads = nn.ModuleDict({name: self._head(spec, decoder or DecoderParams()) for name, spec in specs.items()})
 
@@ -60,7 +61,7 @@ class MultiTaskModel(nn.Module):
         if task in self.dense:
             return self.decode(task, self.backbone.pyramid(x), x)
         features = self.backbone(x)
-        return self.heads[task](features), features
+        return self.heads[task](self.head_input(features)), features
 
     def forward_many(self, x: Tensor, tasks: Sequence[str]) -> dict[str, tuple[Tensor, Tensor]]:
         """`forward_with_features` of several tasks on one batch, running the encoder once (an all-in-one
@@ -68,7 +69,8 @@ class MultiTaskModel(nn.Module):
         dense = [t for t in tasks if t in self.dense]
         maps = self.backbone.pyramid(x) if dense else None
         features = self.backbone(x) if len(dense) < len(tasks) else None
-        return {t: self.decode(t, maps, x) if t in self.dense else (self.heads[t](features), features) for t in tasks}
+        opened = None if features is None else self.head_input(features)
+        return {t: self.decode(t, maps, x) if t in self.dense else (self.heads[t](opened), features) for t in tasks}
 
     def decode(self, task: str, maps: list[Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
         """A dense task's map at the size of `x` from the encoder's pyramid, and the pooled deepest level."""

@@ -160,7 +160,8 @@ class SfmtlServer(PerClientPayloadServer):
         heads = [_head(m, t) for m, t in zip(messages, tasks, strict=True)]
         anchors = [m.tensor(ANCHORS) for m in messages]
         labels = [m.tensor(LABELS).nonzero().flatten().tolist() for m in messages]
-        weights = (similarity_graph(heads, anchors, labels, self.params.alpha) if self.params.graph == "learned"
+        weights = (similarity_graph(heads, anchors, labels, self.params.alpha, self.template.head_input)
+                   if self.params.graph == "learned"
                    else random_graph(len(clients), torch_generator(self.setup.seed, "random-graph", round_index)))
         groups = communities(weights, derive_seed(self.setup.seed, "louvain", round_index), self.params.resolution)
         sizes = [task_sizes(m)[t] for m, t in zip(messages, tasks, strict=True)]

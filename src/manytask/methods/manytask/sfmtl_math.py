@@ -5,7 +5,7 @@ A client's head is a linear map h(z) = W z + b over features z ∈ R^k; its anch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 
 import networkx as nx
@@ -37,10 +37,13 @@ def anchor_similarity(anchors_i: Tensor, anchors_j: Tensor) -> float:
 
 
 def similarity_graph(
-    heads: Sequence[Head], anchors: Sequence[Tensor], label_sets: Sequence[Sequence[int]], alpha: float = 0.49
+    heads: Sequence[Head], anchors: Sequence[Tensor], label_sets: Sequence[Sequence[int]], alpha: float = 0.49,
+    head_input: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Step 3: w_ij = max(0, α·w_head(i,j) + (1 − α)·w_anchor(i,j)) over the held classes' anchors; symmetric,
-    zero diagonal (a complete graph over the participants).
+    zero diagonal (a complete graph over the participants). `head_input` is what the model applies to features
+    before its heads (the ReLU, for signed features): the heads are compared as the model runs them, on
+    head_input(anchors), while the anchors are compared as they are.
 
     Computed for all pairs at once, the same numbers as :func:`head_similarity` and :func:`anchor_similarity` pair by
     pair: every head runs once on every client's held anchors (:func:`_head_outputs`), each row is normalized once
@@ -54,7 +57,8 @@ def similarity_graph(
         return weights
     if any(h.shape[0] == 0 for h in held):
         raise ValueError("every client must hold at least one class to compare anchors")
-    head = _head_means(heads, held).to(torch.float64)  # [i, j]: mean over i's anchors of cos(h_i, h_j)
+    opened = held if head_input is None else [head_input(h) for h in held]
+    head = _head_means(heads, opened).to(torch.float64)  # [i, j]: mean over i's anchors of cos(h_i, h_j)
     anchor = _anchor_means(held)  # [i, j]: mean over i's anchors of the best cosine with j's
     i, j = torch.triu_indices(n, n, 1)
     w_head = ((head[i, j] + 0.0) + head[j, i]) / 2  # head_similarity: total = 0.0; total += v1; total += v2; / 2
