@@ -28,10 +28,10 @@ def test_readme_custom_benchmark_snippet_runs():
 REAL_DATA_CONFIGS = {  # need files on disk
     "vision8.yaml", "cifar10_label_skew.yaml", "mnist_rotated_masked.yaml",
     "nyudv2_swin.yaml", "pascal_context_swin.yaml", "cifar100_vit_s16.yaml", "taskonomy_sdnkt.yaml",
-    "fashion_mnist_rotated_masked.yaml", "fashion_mnist_label_skew.yaml",
 }
 FASHION_MNIST_CONFIGS = sorted((ROOT / "configs").rglob("fashion_mnist_*.yaml"))
-OFFLINE_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p.name not in REAL_DATA_CONFIGS)
+OFFLINE_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml")
+                         if p.name not in REAL_DATA_CONFIGS and p not in FASHION_MNIST_CONFIGS)
 
 
 _BUILT: dict[str, Benchmark] = {}  # configs sharing a benchmark setting (configs/talos/*) build it once
