@@ -12,6 +12,7 @@ import torch
 
 from manytask.engine.checkpoint import Checkpoint, checkpoint_error, identity_of, load_checkpoint, save_checkpoint
 from manytask.engine.client_runner import ClientState
+from manytask.engine.heap import settled_heap
 from manytask.engine.sampling import clients_per_round, sample_clients, sample_dropouts
 from manytask.engine.screening import DIVERGED, screen
 from manytask.errors import ManytaskError, clipped
@@ -98,6 +99,10 @@ class RoundLoop:
     def run(self, stop_after: int | None = None) -> dict[str, Any] | None:
         """Run (or continue) to the configured number of rounds; return the summary, or None if stopped
         early at `stop_after` completed rounds (as a crash would)."""
+        with settled_heap():
+            return self._run(stop_after)
+
+    def _run(self, stop_after: int | None) -> dict[str, Any] | None:
         from manytask import energy  # the meter: looked up per run, so tests can patch energy.available_meter
 
         total = self.exp.total_rounds
