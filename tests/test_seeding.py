@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
-from manytask.seeding import _two_words, derive_seed
+from manytask.seeding import _two_words, derive_seed, derive_seeds
 
 EDGES = [0, 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**53 + 1, 2**62 + 7, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**100 + 3]
 
@@ -32,6 +32,14 @@ def test_derive_seed_equals_numpy_on_random_seeds_and_keys():
     for _ in range(5000):  # 0 to 7 keys: entropies shorter than, as long as and longer than the pool of 4 words
         seed, keys = random_int(rng), [random_key(rng) for _ in range(rng.randrange(8))]
         assert derive_seed.__wrapped__(seed, *keys) == numpy_seed(seed, *keys), (seed, keys)
+
+
+def test_derive_seeds_equals_derive_seed_on_random_requests():
+    rng = random.Random(2)
+    requests = [(random_int(rng), *[random_key(rng) for _ in range(rng.randrange(8))]) for _ in range(3000)]
+    requests += [(seed, "client", 3, c) for seed in EDGES for c in range(3)]
+    assert derive_seeds(requests) == [numpy_seed(*request) for request in requests]
+    assert derive_seeds([]) == []
 
 
 @pytest.mark.parametrize("seed", EDGES)

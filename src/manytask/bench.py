@@ -18,8 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +54,26 @@ def engine_config(clients: int, rounds: int, seed: int = 0) -> RunConfig:
     })
 
 
-def seconds_per_round(run: Callable[[int], Any], rounds: int) -> float:
-    """Mean wall seconds of `rounds` rounds after a first one (which warms caches and is left out)."""
-    run(1)
-    began = time.perf_counter()
-    run(rounds)
-    return (time.perf_counter() - began) / rounds
+def interleaved_seconds(runs: Mapping[str, Callable[[int], Any]], rounds: int, repeats: int = 3) -> dict[str, float]:
+    """Seconds per round of each run (a function that runs its next `count` rounds), measured side by side: after
+    one warm-up round each, `repeats` blocks of `rounds` rounds per run, the runs taking turns, and the median
+    block. A burst of load on a shared machine then spoils one block of one run, not a whole figure."""
+    for run in runs.values():
+        run(1)
+    blocks: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            began = time.perf_counter()
+            run(rounds)
+            blocks[name].append((time.perf_counter() - began) / rounds)
+    return {name: statistics.median(seconds) for name, seconds in blocks.items()}
 
 
-def engine_seconds(config: RunConfig, rounds: int) -> float:
-    """Seconds per round of the local engine (with `config.workers` processes): serialization, aggregation,
-    checkpoints and metric rows included; no evaluation (the config's `rounds` and `eval_every` lie beyond the
-    timed rounds)."""
+@contextmanager
+def engine_runner(config: RunConfig) -> Iterator[Callable[[int], None]]:
+    """The local engine (with `config.workers` processes) on `config`, as a function that runs its next `count`
+    rounds: serialization, aggregation, checkpoints and metric rows included; no evaluation while the config's
+    `rounds` and `eval_every` lie beyond the rounds run."""
     experiment = Experiment.build(config)
     with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
         run_dir = RunDir(Path(folder))
@@ -81,12 +89,13 @@ def engine_seconds(config: RunConfig, rounds: int) -> float:
             done[0] += count
             loop.run(stop_after=done[0])
 
-        return seconds_per_round(run, rounds)
+        yield run
 
 
-def bare_seconds(clients: int, rounds: int, sgd: Sgd = torch_sgd) -> float:
-    """Seconds per round of the bare loop: the same clients, data, steps and FedAvg, one reused model; `sgd` builds
-    its optimizer (torch's, as plain PyTorch code would; or the engine's own `PlainSGD`, for a stricter yardstick)."""
+def bare_runner(clients: int, rounds: int, sgd: Sgd = torch_sgd) -> Callable[[int], None]:
+    """The bare loop on the engine workload with `clients` clients, as a function that runs its next `count` rounds:
+    the same clients, data, steps and FedAvg, one reused model; `sgd` builds its optimizer (torch's, as plain
+    PyTorch code would; or the engine's own `PlainSGD`, for a stricter yardstick)."""
     experiment = Experiment.build(engine_config(clients, rounds + 2))
     data = {c: experiment.client_data(c) for c in range(clients)}
     model = experiment.setup.build_model()
@@ -101,7 +110,7 @@ def bare_seconds(clients: int, rounds: int, sgd: Sgd = torch_sgd) -> float:
                                derive_seed(0, "bench", done[0]), sgd)
             done[0] += 1
 
-    return seconds_per_round(run, rounds)
+    return run
 
 
 def bare_round(model: torch.nn.Module, state: dict[str, torch.Tensor], data: dict[int, TaskData], batch_size: int,
@@ -133,19 +142,23 @@ def vectorized(config: RunConfig) -> RunConfig:
     return config.model_copy(update={"execution": "vectorized"})
 
 
-def engine_overhead(clients: tuple[int, ...] = (30, 100), rounds: int = 5) -> list[dict[str, float]]:
+def engine_overhead(clients: tuple[int, ...] = (30, 100), rounds: int = 5, repeats: int = 3
+                    ) -> list[dict[str, float]]:
     """Per client count (one torch thread): seconds per round of the local engine (sequential and vectorized) and
-    of the bare loop; the engine's overhead (engine / bare) and the vectorized speed-up (bare / vectorized)."""
+    of the bare loop, measured side by side in alternating blocks (`interleaved_seconds`); the engine's overhead
+    (engine / bare) and the vectorized speed-up (bare / vectorized)."""
     torch.set_num_threads(1)
     rows = []
     for count in clients:
-        config = engine_config(count, rounds + 2)
-        engine, bare = engine_seconds(config, rounds), bare_seconds(count, rounds)
-        batched = engine_seconds(vectorized(config), rounds)
-        strict = bare_seconds(count, rounds, PlainSGD)
-        rows.append({"clients": count, "engine_s_per_round": engine, "bare_s_per_round": bare,
-                     "vectorized_s_per_round": batched, "ratio": engine / bare, "vectorized_speedup": bare / batched,
-                     "bare_plain_sgd_s_per_round": strict, "ratio_plain_sgd": engine / strict})
+        config = engine_config(count, rounds * repeats + 3)
+        with engine_runner(config) as engine, engine_runner(vectorized(config)) as batched:
+            seconds = interleaved_seconds({"engine": engine, "vectorized": batched, "bare": bare_runner(count, rounds),
+                                           "strict": bare_runner(count, rounds, PlainSGD)}, rounds, repeats)
+        engine_s, bare_s, batched_s, strict_s = (seconds[k] for k in ("engine", "bare", "vectorized", "strict"))
+        rows.append({"clients": count, "engine_s_per_round": engine_s, "bare_s_per_round": bare_s,
+                     "vectorized_s_per_round": batched_s, "ratio": engine_s / bare_s,
+                     "vectorized_speedup": bare_s / batched_s, "bare_plain_sgd_s_per_round": strict_s,
+                     "ratio_plain_sgd": engine_s / strict_s})
     return rows
 
 
@@ -157,12 +170,15 @@ def parallel_config(workers: int, rounds: int, seed: int = 0) -> RunConfig:
     return validate({**data, "name": f"bench-workers-{workers}", "workers": workers})
 
 
-def parallel_speedup(workers: int = 2, rounds: int = 3) -> dict[str, float]:
-    """Seconds per round with one process and with `workers`, and the speed-up (same numbers either way)."""
+def parallel_speedup(workers: int = 2, rounds: int = 3, repeats: int = 3) -> dict[str, float]:
+    """Seconds per round with one process and with `workers`, side by side (`interleaved_seconds`), and the
+    speed-up (same numbers either way)."""
     torch.set_num_threads(1)
-    one = engine_seconds(parallel_config(1, rounds + 2), rounds)
-    many = engine_seconds(parallel_config(workers, rounds + 2), rounds)
-    return {"workers": workers, "one_process_s_per_round": one, "workers_s_per_round": many, "speedup": one / many}
+    total = rounds * repeats + 3
+    with engine_runner(parallel_config(1, total)) as one, engine_runner(parallel_config(workers, total)) as many:
+        seconds = interleaved_seconds({"one": one, "many": many}, rounds, repeats)
+    return {"workers": workers, "one_process_s_per_round": seconds["one"], "workers_s_per_round": seconds["many"],
+            "speedup": seconds["one"] / seconds["many"]}
 
 
 def median_round_seconds(run_dir: Path) -> float:

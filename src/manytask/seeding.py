@@ -12,7 +12,7 @@ per client. Every seed of every run depends on these numbers, so the arithmetic 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from itertools import islice
 
@@ -81,14 +81,60 @@ def _two_words(entropy: list[int]) -> list[int]:
     return [_hashmix(pool[0], *_OUTPUT[0]), _hashmix(pool[1], *_OUTPUT[1])]
 
 
-@lru_cache(maxsize=1 << 16)  # model builds and evaluations ask for the same seeds again (2/3 of a default run's)
-def derive_seed(seed: int, *keys: int | str) -> int:
-    """A 63-bit seed derived deterministically from a base seed and a path of keys (strings enter as their crc32)."""
+def _entropy(seed: int, keys: Sequence[int | str]) -> list[int]:
+    """The words SeedSequence reads: the seed's, then each key's (a string as its crc32)."""
     words = _uint32_words(int(seed))
     for key in keys:
         words += _uint32_words(key) if isinstance(key, int) else [zlib.crc32(key.encode())]
-    high, low = _two_words(words)
+    return words
+
+
+@lru_cache(maxsize=1 << 16)  # model builds and evaluations ask for the same seeds again (2/3 of a default run's)
+def derive_seed(seed: int, *keys: int | str) -> int:
+    """A 63-bit seed derived deterministically from a base seed and a path of keys (strings enter as their crc32)."""
+    high, low = _two_words(_entropy(seed, keys))
     return int(float(high << 31) + low)  # in float64, rounded, as numpy's `uint64 @ [2**31, 1]` has always done
+
+
+def derive_seeds(requests: Sequence[tuple[int | str, ...]]) -> list[int]:
+    """`[derive_seed(*request) for request in requests]`, the hashing done for all of them at once in numpy: a
+    round derives a few seeds per client, each ~16 µs in plain ints, a few µs per hundred this way."""
+    entropies = [_entropy(int(request[0]), request[1:]) for request in requests]
+    seeds: list[int] = [0] * len(entropies)
+    by_length: dict[int, list[int]] = {}
+    for position, words in enumerate(entropies):
+        by_length.setdefault(len(words), []).append(position)
+    for positions in by_length.values():
+        high, low = _two_words_many(np.array([entropies[p] for p in positions], dtype=np.uint64))
+        combined = high.astype(np.float64) * float(1 << 31) + low.astype(np.float64)  # `derive_seed`'s rounding
+        for position, value in zip(positions, combined.tolist(), strict=True):
+            seeds[position] = int(value)
+    return seeds
+
+
+def _two_words_many(entropy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_two_words` of every row of `entropy` (rows of equal length, words < 2**32, uint64), as two uint64
+    columns. uint64 products wrap modulo 2**64, which keeps their low 32 bits exact."""
+    mask, shift = np.uint64(_MASK), np.uint64(16)
+
+    def hashmix(value: np.ndarray, xor: int, mult: int) -> np.ndarray:
+        value = (value ^ np.uint64(xor)) * np.uint64(mult) & mask
+        return value ^ value >> shift
+
+    def mix(destination: np.ndarray, value: np.ndarray) -> np.ndarray:
+        mixed = np.uint64(_MIX_L) * destination - np.uint64(_MIX_R) * value & mask
+        return mixed ^ mixed >> shift
+
+    zeros = np.zeros(len(entropy), dtype=np.uint64)
+    columns = [entropy[:, i] if i < entropy.shape[1] else zeros for i in range(_POOL)]
+    pool = [hashmix(word, xor, mult) for word, (xor, mult) in zip(columns, _FIRST, strict=True)]
+    for source, destination, xor, mult in _CROSS:
+        pool[destination] = mix(pool[destination], hashmix(pool[source], xor, mult))
+    constants = _hash_constants(_CROSS[-1][3], _MULT_A)
+    for i in range(_POOL, entropy.shape[1]):
+        for destination, (xor, mult) in zip(range(_POOL), constants, strict=False):
+            pool[destination] = mix(pool[destination], hashmix(entropy[:, i], xor, mult))
+    return hashmix(pool[0], *_OUTPUT[0]), hashmix(pool[1], *_OUTPUT[1])
 
 
 def numpy_rng(seed: int, *keys: int | str) -> np.random.Generator:

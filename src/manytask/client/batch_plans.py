@@ -5,7 +5,7 @@ plain chains run theirs in `client/plain_chain.py`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,8 +13,9 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.nn.utils.rnn import pad_sequence
 
-from manytask.client.trainer import Trainer, shares_inputs, shuffled_indices
+from manytask.client.trainer import Trainer, index_batches, shares_inputs, stream_seed_request
 from manytask.models.multitask import task_of_key
+from manytask.seeding import derive_seeds
 from manytask.tasks.task import TaskKind, TaskSpec
 
 if TYPE_CHECKING:
@@ -49,6 +50,13 @@ def padded_batches(batches: list[Tensor], batch: int, like: Tensor) -> tuple[Ten
 
 
 StepLosses = list[tuple[Tensor, Tensor, Tensor]]  # (task columns, client rows, losses), aligned
+Placed = tuple[int, Tensor, int]  # (client, a batch of its own sample indices, where its samples start)
+
+
+def offsets(starts: list[int], index: Tensor) -> Tensor:
+    """Per-row starts as a column to add to padded indices, (rows, 1): padding then points at the row's first
+    sample, a real one whose weight is 0."""
+    return torch.tensor(starts, dtype=index.dtype, device=index.device)[:, None]
 
 
 class TaskPlan:
@@ -60,18 +68,20 @@ class TaskPlan:
     def __init__(self, task: str, spec: TaskSpec, x: Tensor, y: Tensor, steps: int, batch: int) -> None:
         self.task, self.x, self.y, self.batch, self.outputs, self.kind = task, x, y, batch, spec.num_outputs, spec.kind
         self.sample_loss = SAMPLE_LOSSES[spec.kind]
-        self.placed: list[list[tuple[int, Tensor]]] = [[] for _ in range(steps)]  # step -> [(client, indices)]
+        self.placed: list[list[Placed]] = [[] for _ in range(steps)]  # step -> [(client, indices, offset)]
 
     def place(self, step: int, client: int, chosen: Tensor, offset: int) -> None:
-        self.placed[step].append((client, chosen + offset))
+        """A batch of the client's own sample indices; `offset` is where its samples start in `x`."""
+        self.placed[step].append((client, chosen, offset))
 
     def finish(self) -> None:
         """Stack each step's placed batches into rows, (rows,), indices and weights, (rows, batch)."""
         self.steps = [self._stacked(placed) for placed in self.placed]
 
-    def _stacked(self, placed: list[tuple[int, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-        rows = torch.tensor([client for client, _ in placed], dtype=torch.long, device=self.x.device)
-        return rows, *padded_batches([chosen for _, chosen in placed], self.batch, self.x)
+    def _stacked(self, placed: list[Placed]) -> tuple[Tensor, Tensor, Tensor]:
+        rows = torch.tensor([client for client, _, _ in placed], dtype=torch.long, device=self.x.device)
+        index, weight = padded_batches([chosen for _, chosen, _ in placed], self.batch, self.x)
+        return rows, index + offsets([offset for _, _, offset in placed], index), weight
 
     def live(self, step: int) -> bool:
         return len(self.steps[step][0]) > 0
@@ -109,16 +119,25 @@ def batch_plans(trainer: Trainer, jobs: Sequence[ClientJob], steps: list[int]) -
         x = torch.cat([jobs[c].data[task][0] for c in holders])
         y = torch.cat([jobs[c].data[task][1] for c in holders])
         plans[task] = TaskPlan(task, trainer.specs[task], x, y, max(steps), batch)
+    shared = [shares_inputs(job.data) for job in jobs]
+    keys = [["shared"] if one else list(job.data) for job, one in zip(jobs, shared, strict=True)]
+    seeds = iter(derive_seeds([stream_seed_request(job.seed, k) for job, ks in zip(jobs, keys, strict=True)
+                               for k in ks]))
     for c, (job, own) in enumerate(zip(jobs, steps, strict=True)):
-        if shares_inputs(job.data):
-            stream = shuffled_indices(len(next(iter(job.data.values()))[1]), batch, job.seed, "shared")
+        if shared[c]:
+            stream = _stream(len(next(iter(job.data.values()))[1]), batch, next(seeds))
             for step in range(own):
                 chosen = next(stream)
                 for task in job.data:
                     plans[task].place(step, c, chosen, offsets[c][task])
         else:
-            streams = {t: shuffled_indices(len(y), batch, job.seed, t) for t, (_, y) in job.data.items()}
+            streams = {t: _stream(len(y), batch, next(seeds)) for t, (_, y) in job.data.items()}
             for step in range(own):
                 for task, stream in streams.items():
                     plans[task].place(step, c, next(stream), offsets[c][task])
     return plans
+
+
+def _stream(count: int, batch: int, seed: int) -> Iterator[Tensor]:
+    """`shuffled_indices` of a stream whose seed is derived already (`stream_seed_request`)."""
+    return index_batches(count, batch, torch.Generator().manual_seed(seed))

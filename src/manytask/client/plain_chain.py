@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from manytask.client.batch_plans import StepLosses, TaskPlan, padded_batches
+from manytask.client.batch_plans import StepLosses, TaskPlan, offsets, padded_batches
 from manytask.tasks.task import TaskKind
 
 
@@ -19,27 +19,26 @@ class Round:
     For classification, also each row's own columns of the merged head (the heads of all the round's tasks, their
     weights concatenated along the outputs) and the −∞ mask of the padding between them."""
 
-    def __init__(self, steps: list[list[tuple[int, str, Tensor]]], inputs: Inputs, plans: Mapping[str, TaskPlan]):
+    def __init__(self, steps: list[list[Row]], inputs: Inputs, plans: Mapping[str, TaskPlan]):
         every, starts = inputs
         rows = [row for step in steps for row in step]
         self.plans, self.tasks = plans, list(plans)
         self.sizes = [plans[task].outputs for task in self.tasks]
         device = every.device
         column = {task: i for i, task in enumerate(self.tasks)}
-        index, self.weight = padded_batches([chosen + starts[task] for _, task, chosen in rows],
-                                     next(iter(plans.values())).batch, every)
-        self.columns = torch.tensor([column[task] for _, task, _ in rows], device=device)
-        firsts = torch.tensor([starts[task] for task in self.tasks], device=device)
-        self.index = (index - firsts[self.columns][:, None]).clamp_(min=0)  # into each row's task's data
-        self.x = every[index]
-        self.clients = torch.tensor([client for client, _, _ in rows], device=device)
+        index, self.weight = padded_batches([chosen for _, _, chosen, _ in rows], next(iter(plans.values())).batch,
+                                            every)
+        self.columns = torch.tensor([column[task] for _, task, _, _ in rows], device=device)
+        self.index = index + offsets([offset for _, _, _, offset in rows], index)  # into each row's task's data
+        self.x = every[index + offsets([starts[task] + offset for _, task, _, offset in rows], index)]
+        self.clients = torch.tensor([client for client, _, _, _ in rows], device=device)
         self.rows_of = {task: (self.columns == column[task]).nonzero().squeeze(1) for task in self.tasks}
         classification = all(plans[task].kind is TaskKind.CLASSIFICATION for task in self.tasks)
         self.picks = self._picks() if classification else None
         self.passes = []
         begin = 0
         for step in steps:
-            clients = [client for client, _, _ in step]
+            clients = [client for client, _, _, _ in step]
             prefix = next((row for row, client in enumerate(clients) if client != row), len(clients))
             self.passes.append(Pass(self, begin, begin + len(step), begin + prefix))
             begin += len(step)
@@ -107,6 +106,7 @@ class Pass:
         return losses
 
 
+Row = tuple[int, str, Tensor, int]  # (client, task, a batch of its own sample indices, where they start in the task)
 Gathered = list[tuple[str, Tensor, Tensor]]  # (parameter name, the stack rows gathered, the leaf holding them)
 Inputs = tuple[Tensor, dict[str, int]]  # every task's inputs concatenated, and the row where each task's start
 
@@ -122,10 +122,10 @@ def chain_passes(template: nn.Module, plans: Mapping[str, TaskPlan], params: Map
               dict(zip(plans, torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist(), strict=True)))
     rows = []
     for step in range(steps[0]):
-        placed: dict[int, list[tuple[str, Tensor]]] = {}
+        placed: dict[int, list[tuple[str, Tensor, int]]] = {}
         for task, plan in plans.items():  # the setup's task order
-            for client, chosen in plan.placed[step]:
-                placed.setdefault(client, []).append((task, chosen))
+            for client, chosen, offset in plan.placed[step]:
+                placed.setdefault(client, []).append((task, chosen, offset))
         clients = sorted(placed)
         depths = max(len(batches) for batches in placed.values())
         rows.append([(c, *placed[c][depth]) for depth in range(depths) for c in clients if len(placed[c]) > depth])

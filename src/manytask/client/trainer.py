@@ -245,7 +245,16 @@ def shares_inputs(data: TaskData) -> bool:
 
 def shuffled_indices(count: int, batch_size: int, seed: int, key: str) -> Iterator[Tensor]:
     """Endless shuffled mini-batches of indices; each pass over the data is a fresh seeded permutation."""
-    generator = torch_generator(seed, "batches", key)
+    return index_batches(count, batch_size, torch_generator(*stream_seed_request(seed, key)))
+
+
+def stream_seed_request(seed: int, key: str) -> tuple[int, str, str]:
+    """The `derive_seed` arguments of the stream `shuffled_indices(..., seed, key)` draws from."""
+    return seed, "batches", key
+
+
+def index_batches(count: int, batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """`shuffled_indices` from its seeded generator."""
     while True:
         order = torch.randperm(count, generator=generator)
         for start in range(0, count, batch_size):

@@ -20,7 +20,7 @@ from manytask.engine.adversaries import Adversary
 from manytask.experiment import Experiment
 from manytask.messages import Message, decode, encode
 from manytask.methods.base import ClientContext, Metrics
-from manytask.seeding import derive_seed, seed_global_rng
+from manytask.seeding import derive_seed, derive_seeds, seed_global_rng
 
 ClientState = dict[str, Tensor]
 CACHED_CLIENTS = 1024  # clients whose training tensors stay materialized: memory is bounded, not ∝ the federation
@@ -59,8 +59,8 @@ class ClientRunner:
     ) -> dict[int, tuple[bytes | None, float]]:
         """`fit` of every client in `clients`, as one batched computation where the program can (each client is
         credited an equal share of its seconds), else one after another with a one-line notice per reason."""
-        ctxs = [self._context(c, round_index, states[c], derive_seed(self.exp.config.seed, "client", round_index, c))
-                for c in clients]
+        seeds = derive_seeds([(self.exp.config.seed, "client", round_index, c) for c in clients])
+        ctxs = [self._context(c, round_index, states[c], seed) for c, seed in zip(clients, seeds, strict=True)]
         began = time.perf_counter()
         received = _decoded_once([payloads[c] for c in clients])
         try:

@@ -31,17 +31,29 @@ def weighted_average(
     totals: dict[str, Weight] = {}
     dtypes: dict[str, torch.dtype] = {}
     for update, weight in zip(updates, weights, strict=True):
+        plain: tuple[list[Tensor], list[Tensor], list[float]] = ([], [], [])  # (sums, terms, weights) of `_scaled`
         for key, value in update.items():
             w = weight[key]
-            term = _weighted(value, w)
             total = sums.get(key)
-            if total is not None and total.shape == term.shape:
-                total.add_(term)  # the sum owns its first term (`_weighted` returns a new tensor): no allocation
+            if _scaled(value, w) and total is not None and total.shape == value.shape:
+                plain[0].append(total)
+                plain[1].append(value)
+                plain[2].append(w)
             else:
+                term = _weighted(value, w)
                 sums[key] = term if total is None else total + term
             totals[key] = totals.get(key, 0.0) + w
             dtypes[key] = value.dtype
+        if plain[0]:  # `total.add_(_weighted(value, w))` for every one of them, in three ops over the lists
+            terms = [value.double() for value in plain[1]]
+            torch._foreach_mul_(terms, plain[2])
+            torch._foreach_add_(plain[0], terms)
     return {k: (sums[k] / totals[k]).to(dtypes[k]) for k in sums if _positive(k, totals[k])}
+
+
+def _scaled(value: Tensor, weight: Weight) -> bool:
+    """True where `_weighted` scales a float64 copy of `value` by a float: the common case, batched above."""
+    return type(weight) is float and value.dtype != torch.float64
 
 
 def _weighted(value: Tensor, weight: Weight) -> Tensor:
