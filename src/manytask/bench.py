@@ -181,26 +181,28 @@ def parallel_speedup(workers: int = 2, rounds: int = 3, repeats: int = 3) -> dic
             "speedup": seconds["one"] / seconds["many"]}
 
 
-def median_round_seconds(run_dir: Path) -> float:
-    """The median wall seconds of a finished run's rounds after the first (evaluation only in the last round)."""
+def round_seconds(run_dir: Path) -> list[float]:
+    """The wall seconds of a finished run's rounds after the first (start-up), without the last (evaluation)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(row["wall_seconds"] for row in rows[1:-1])
+    return [row["wall_seconds"] for row in rows[1:-1]]
 
 
-def flower_ratio(clients: int = 30, rounds: int = 5) -> dict[str, float]:
+def flower_ratio(clients: int = 30, rounds: int = 5, repeats: int = 2) -> dict[str, float]:
     """Seconds per round of Flower's simulation against the local engine, sequential and vectorized, on the engine
-    workload: the median of the round times each records in metrics.jsonl, the first round (start-up) and the last
-    (evaluation) left out."""
+    workload: each run `repeats` times, the three taking turns, and the median of all the round times they record
+    in metrics.jsonl (`round_seconds`)."""
     from manytask.run import run_config
 
     config = engine_config(clients, rounds + 2)
     runs = {"local": config, "vectorized": vectorized(config), "flower-sim": config.model_copy(update={"engine":
                                                                                                      "flower-sim"})}
-    seconds = {}
+    times: dict[str, list[float]] = {name: [] for name in runs}
     with tempfile.TemporaryDirectory() as folder:
-        for name, run in runs.items():
-            run_config(run, Path(folder) / name)
-            seconds[name] = median_round_seconds(Path(folder) / name)
+        for repeat in range(repeats):
+            for name, run in runs.items():
+                run_config(run, Path(folder) / f"{name}-{repeat}")
+                times[name] += round_seconds(Path(folder) / f"{name}-{repeat}")
+    seconds = {name: statistics.median(values) for name, values in times.items()}
     flower = seconds["flower-sim"]
     return {"clients": clients, "local_s_per_round": seconds["local"], "vectorized_s_per_round": seconds["vectorized"],
             "flower_sim_s_per_round": flower, "ratio": flower / seconds["local"],

@@ -62,33 +62,33 @@ class Pass:
     """One step of a `Round`, as one batched pass over its rows. The first rows are every client still training, in
     stack order, each with its first task's batch: they run on the stack's prefix itself, with no gather of
     parameters and no scatter of their gradients. The batches of the clients' further tasks follow as extra rows,
-    whose parameters are gathered (few clients hold several tasks). The shared layers run once per row, then the
-    merged head. Each row's loss is taken on its own task's outputs: for classification, one cross-entropy over every
-    row, its own task's logits picked out and the others' masked to −∞; otherwise each task's loss on its slice,
-    weighted to zero on the rows of other tasks."""
+    whose parameters are gathered (few clients hold several tasks) and which run as a second group: joining them to
+    the prefix would copy every parameter's whole prefix at every step. The shared layers run once per row, then the
+    merged head, and the groups' outputs are joined. Each row's loss is taken on its own task's outputs: for
+    classification, one cross-entropy over every row, its own task's logits picked out and the others' masked to
+    −∞; otherwise each task's loss on its slice, weighted to zero on the rows of other tasks."""
 
     def __init__(self, round_: Round, begin: int, end: int, extra_from: int) -> None:
         self.round, self.rows = round_, slice(begin, end)
+        self.groups = [slice(begin, extra_from), slice(extra_from, end)] if extra_from < end else [self.rows]
         self.extra = round_.clients[extra_from:end] if extra_from < end else None
 
     def losses(self, template: nn.Module, params: Mapping[str, Tensor], gathered: Gathered) -> StepLosses:
         """The pass's losses; the extra rows' parameters are gathered into new leaves, appended to `gathered` as
         (name, stack rows, leaf), whose gradients the caller adds to the stack's rows: cheaper than differentiating
         through the gather, which zero-fills a gradient of the whole prefix for every parameter."""
-        def used(key: str) -> Tensor:
-            if self.extra is None:
-                return params[key]
-            leaf = params[key].detach().index_select(0, self.extra).requires_grad_()
-            gathered.append((key, self.extra, leaf))
-            return torch.cat([params[key], leaf])
-
         batches, rows = self.round, self.rows
         body = plain_chain(template, batches.tasks[0])[:-1]  # type: ignore[index]
-        features = run_chain(body, {k: used(k) for k in chain_keys(body)}, batches.x[rows])
         heads = [f"heads.{task}" for task in batches.tasks]
-        weight = torch.cat([used(f"{head}.weight") for head in heads], dim=1)
-        bias = torch.cat([used(f"{head}.bias") for head in heads], dim=1)
-        outputs = torch.baddbmm(bias.unsqueeze(1), features, weight.transpose(1, 2))
+        keys = chain_keys(body) + [f"{head}.{name}" for head in heads for name in ("weight", "bias")]
+        groups = [params]
+        if self.extra is not None:
+            leaves = {k: params[k].detach().index_select(0, self.extra).requires_grad_() for k in keys}
+            gathered.extend((k, self.extra, leaf) for k, leaf in leaves.items())
+            groups.append(leaves)
+        outputs = [_outputs(body, heads, group, batches.x[group_rows])
+                   for group, group_rows in zip(groups, self.groups, strict=True)]
+        outputs = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
         clients, columns, sample_weight = batches.clients[rows], batches.columns[rows], batches.weight[rows]
         if batches.picks is not None:
             picks, mask, own = (part[rows] for part in batches.picks)
@@ -104,6 +104,14 @@ class Pass:
             row_weight = sample_weight * on_task[:, None]
             losses.append((columns, clients, (per_sample.view(row_weight.shape) * row_weight).sum(dim=1)))
         return losses
+
+
+def _outputs(body: Chain, heads: list[str], params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+    """The merged head's outputs, (rows, batch, every task's outputs), of `body` then every head in `heads`."""
+    features = run_chain(body, params, x)
+    weight = torch.cat([params[f"{head}.weight"] for head in heads], dim=1)
+    bias = torch.cat([params[f"{head}.bias"] for head in heads], dim=1)
+    return torch.baddbmm(bias.unsqueeze(1), features, weight.transpose(1, 2))
 
 
 Row = tuple[int, str, Tensor, int]  # (client, task, a batch of its own sample indices, where they start in the task)
