@@ -98,3 +98,22 @@ def test_tensors_in_autograd_or_strided_are_sent_as_their_values():
     back = decode(encode(msg)).tensors()
     assert torch.equal(back["p"], param.detach()) and torch.equal(back["t"], param.detach().t())
     assert back["s"].shape == (1,)  # a 0-d tensor travels as one entry, as it always has
+
+
+def test_headers_parsed_in_two_parts_equal_the_whole_parse():
+    from manytask.messages import _checked_header, _split_header
+
+    tricky = ['a],"scalars":{', "b\\", 'c"}', "]", "scalars"]
+    for names in (["w"], tricky, [f"heads.t{i}.weight" for i in range(5)]):
+        for scalars in ({}, {"loss/t": 0.5, "n/t": 12}, {'x],"scalars":{': "y", "}": True}):
+            raw = encode(Message({n: np.zeros(2, dtype=np.float32) for n in names}, scalars))
+            header = raw[8 : 8 + int.from_bytes(raw[4:8], "little")]
+            assert _split_header(header) == _checked_header(header)
+            back = decode(raw)
+            assert list(back.arrays) == names and back.scalars == scalars
+    for other in (b'{"scalars":{},"arrays":[]}', b'{"arrays":[] ,"scalars":{}}', b'{"arrays":[],"scalars":{}} ',
+                  b'{"arrays":[],"scalars":{},"arrays":[]}'):
+        assert _split_header(other) is None or _split_header(other) == _checked_header(other)
+    for parse in (_split_header, _checked_header):  # a bad entry is refused in the same words either way
+        with pytest.raises(MessageError, match="array entry"):
+            parse(b'{"arrays":[1],"scalars":{}}')

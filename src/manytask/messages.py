@@ -156,11 +156,43 @@ def _parse_header(raw: bytes) -> tuple[tuple[Entry, ...], dict[str, Scalar]]:
     to many clients); the cache is bounded by `_CACHED_HEADERS` × `_CACHED_HEADER_BYTES`."""
     if len(raw) > _CACHED_HEADER_BYTES:
         return _checked_header(raw)
+    parts = _split_header(raw)
+    if parts is not None:
+        return parts
     entries, scalars = _cached_header(raw)
     return entries, dict(scalars)  # the caller owns its scalars
 
 
 _CACHED_HEADERS, _CACHED_HEADER_BYTES = 32, 16 << 10
+_OPEN, _JOIN = b'{"arrays":', b'],"scalars":'  # how `encode` lays out every header
+
+
+def _split_header(raw: bytes) -> tuple[tuple[Entry, ...], dict[str, Scalar]] | None:
+    """A header laid out as `encode` writes it, `{"arrays":A,"scalars":S}`, parsed in two parts: the arrays' part
+    once per distinct A (replies of the same task set share it, their scalars differ), the scalars every time. None
+    (the caller parses the whole) where the layout differs or a part is not the JSON it must be. Where both parts
+    parse, the whole is exactly that object, so nothing is accepted that the whole parse refuses."""
+    cut = raw.find(_JOIN)
+    if not raw.startswith(_OPEN) or not raw.endswith(b"}") or cut < 0:
+        return None
+    scalars = _json(raw[cut + len(_JOIN) : -1])
+    if type(scalars) is not dict:
+        return None
+    entries = _cached_entries(raw[len(_OPEN) : cut + 1])
+    return None if entries is None else (entries, _checked_scalars(scalars))  # checked in the whole parse's order
+
+
+def _json(raw: bytes) -> object:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+@lru_cache(maxsize=_CACHED_HEADERS)
+def _cached_entries(raw: bytes) -> tuple[Entry, ...] | None:
+    arrays = _json(raw)
+    return _checked_entries(arrays) if type(arrays) is list else None
 
 
 def _checked_header(raw: bytes) -> tuple[tuple[Entry, ...], dict[str, Scalar]]:
@@ -173,13 +205,21 @@ def _checked_header(raw: bytes) -> tuple[tuple[Entry, ...], dict[str, Scalar]]:
     arrays, scalars = header["arrays"], header["scalars"]
     if not isinstance(arrays, list) or not isinstance(scalars, dict):
         raise MessageError("corrupt message: 'arrays' must be a list and 'scalars' an object")
+    return _checked_entries(arrays), _checked_scalars(scalars)
+
+
+def _checked_scalars(scalars: dict[str, object]) -> dict[str, Scalar]:
     for key, value in scalars.items():
         if type(value) not in _SCALAR_TYPES:
             raise MessageError(f"corrupt message: scalar '{clipped(key)}' is not a number, string or boolean")
+    return scalars  # type: ignore[return-value]
+
+
+def _checked_entries(arrays: list[object]) -> tuple[Entry, ...]:
     entries = tuple(_entry(entry) for entry in arrays)
     if len({name for name, *_ in entries}) != len(entries):
         raise MessageError("corrupt message: two arrays share a name")
-    return entries, scalars
+    return entries
 
 
 @lru_cache(maxsize=_CACHED_HEADERS)

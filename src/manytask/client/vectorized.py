@@ -98,14 +98,14 @@ def train_vectorized(
     jobs = [jobs[c] for c in order]
     steps = [own_steps[c] for c in order]
     params = {n: torch.stack([job.start[n] for job in jobs]) for n in names}
-    trains = {n: _trains_mask(n, jobs, params[n]) for n in names}
+    terms = _stacked_terms(jobs, params)
+    config = trainer.config
+    trains = {n: _trains_mask(n, jobs, params[n]) if config.weight_decay or terms else None for n in names}
     plans = batch_plans(trainer, jobs, steps)
     passes = chain_passes(template, plans, params, steps)
     if passes is None:
         for plan in plans.values():
             plan.finish()
-    terms = _stacked_terms(jobs, params)
-    config = trainer.config
     lr = config.lr_at(round_index, total_rounds)
     buffers: list[Tensor] = []  # momentum, every client's, by name
     device = next(iter(params.values())).device
@@ -171,7 +171,9 @@ def _broadcast(per_client: Tensor, like: Tensor) -> Tensor:
 
 
 def _trains_mask(name: str, jobs: Sequence[ClientJob], like: Tensor) -> Tensor | None:
-    """1 for the clients that train `name`, a head only its task's holders; None for a shared parameter (all)."""
+    """1 for the clients that train `name`, a head only its task's holders; None for a shared parameter (all).
+    Needed only with weight decay or parameter terms: without them the gradient of a head a client does not hold is
+    exactly zero (its loss never reads that head), so its momentum stays zero and the head does not move."""
     task = task_of_key(name)
     if task is None:
         return None

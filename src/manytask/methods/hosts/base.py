@@ -185,6 +185,17 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         return self.build_on_device()
 
     @cached_property
+    def _template_keys(self) -> dict[tuple[str, ...], list[str]]:
+        return {}
+
+    def template_keys(self, tasks: tuple[str, ...]) -> list[str]:
+        """`state_keys` of the template for a copy of `tasks`; the template never changes, so once per task set."""
+        keys = self._template_keys.get(tasks)
+        if keys is None:
+            keys = self._template_keys[tasks] = state_keys(self.template[0], tasks)
+        return keys
+
+    @cached_property
     def initial_trainable(self) -> dict[str, Tensor]:
         """What `start` finds in every trainable parameter before it loads anything."""
         return {n: p.detach() for n, p in self.template[0].named_parameters() if p.requires_grad}
@@ -222,7 +233,7 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         scalars = fit_scalars(ctx.data, {})
         if type(self).finish is HostClient.finish and type(self).upload is HostClient.upload:
             copy = TrainedCopy(None, list(ctx.data), *self.template, received, ctx.seed)
-            keys = state_keys(copy.model, copy.tasks)
+            keys = self.template_keys(tuple(copy.tasks))
             scalars.update({LOSS_PREFIX + t: loss for t, loss in result.report.mean_loss.items()})
             tensors.update(self.split_upload(ctx, copy, {k: result.params[k] for k in keys}))
         else:
