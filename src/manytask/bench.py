@@ -13,7 +13,6 @@ import importlib.util
 import json
 import math
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,10 +53,11 @@ def engine_config(clients: int, rounds: int, seed: int = 0) -> RunConfig:
     })
 
 
-def interleaved_seconds(runs: Mapping[str, Callable[[int], Any]], rounds: int, repeats: int = 3) -> dict[str, float]:
+def interleaved_seconds(runs: Mapping[str, Callable[[int], Any]], rounds: int, repeats: int = 5) -> dict[str, float]:
     """Seconds per round of each run (a function that runs its next `count` rounds), measured side by side: after
-    one warm-up round each, `repeats` blocks of `rounds` rounds per run, the runs taking turns, and the median
-    block. A burst of load on a shared machine then spoils one block of one run, not a whole figure."""
+    one warm-up round each, `repeats` blocks of `rounds` rounds per run, the runs taking turns, and each run's
+    fastest block (as `timeit` advises: load from elsewhere only ever adds time). A burst of load on a shared
+    machine then spoils blocks, not a whole figure."""
     for run in runs.values():
         run(1)
     blocks: dict[str, list[float]] = {name: [] for name in runs}
@@ -66,7 +66,7 @@ def interleaved_seconds(runs: Mapping[str, Callable[[int], Any]], rounds: int, r
             began = time.perf_counter()
             run(rounds)
             blocks[name].append((time.perf_counter() - began) / rounds)
-    return {name: statistics.median(seconds) for name, seconds in blocks.items()}
+    return {name: min(seconds) for name, seconds in blocks.items()}
 
 
 @contextmanager
@@ -142,7 +142,7 @@ def vectorized(config: RunConfig) -> RunConfig:
     return config.model_copy(update={"execution": "vectorized"})
 
 
-def engine_overhead(clients: tuple[int, ...] = (30, 100), rounds: int = 5, repeats: int = 3
+def engine_overhead(clients: tuple[int, ...] = (30, 100), rounds: int = 5, repeats: int = 5
                     ) -> list[dict[str, float]]:
     """Per client count (one torch thread): seconds per round of the local engine (sequential and vectorized) and
     of the bare loop, measured side by side in alternating blocks (`interleaved_seconds`); the engine's overhead
@@ -170,7 +170,7 @@ def parallel_config(workers: int, rounds: int, seed: int = 0) -> RunConfig:
     return validate({**data, "name": f"bench-workers-{workers}", "workers": workers})
 
 
-def parallel_speedup(workers: int = 2, rounds: int = 3, repeats: int = 3) -> dict[str, float]:
+def parallel_speedup(workers: int = 2, rounds: int = 3, repeats: int = 5) -> dict[str, float]:
     """Seconds per round with one process and with `workers`, side by side (`interleaved_seconds`), and the
     speed-up (same numbers either way)."""
     torch.set_num_threads(1)
@@ -189,8 +189,8 @@ def round_seconds(run_dir: Path) -> list[float]:
 
 def flower_ratio(clients: int = 30, rounds: int = 5, repeats: int = 2) -> dict[str, float]:
     """Seconds per round of Flower's simulation against the local engine, sequential and vectorized, on the engine
-    workload: each run `repeats` times, the three taking turns, and the median of all the round times they record
-    in metrics.jsonl (`round_seconds`)."""
+    workload: each run `repeats` times, the three taking turns, and the fastest of the round times each records in
+    metrics.jsonl (`round_seconds`), as `interleaved_seconds` takes the fastest block."""
     from manytask.run import run_config
 
     config = engine_config(clients, rounds + 2)
@@ -202,7 +202,7 @@ def flower_ratio(clients: int = 30, rounds: int = 5, repeats: int = 2) -> dict[s
             for name, run in runs.items():
                 run_config(run, Path(folder) / f"{name}-{repeat}")
                 times[name] += round_seconds(Path(folder) / f"{name}-{repeat}")
-    seconds = {name: statistics.median(values) for name, values in times.items()}
+    seconds = {name: min(values) for name, values in times.items()}
     flower = seconds["flower-sim"]
     return {"clients": clients, "local_s_per_round": seconds["local"], "vectorized_s_per_round": seconds["vectorized"],
             "flower_sim_s_per_round": flower, "ratio": flower / seconds["local"],
