@@ -117,3 +117,15 @@ def test_headers_parsed_in_two_parts_equal_the_whole_parse():
     for parse in (_split_header, _checked_header):  # a bad entry is refused in the same words either way
         with pytest.raises(MessageError, match="array entry"):
             parse(b'{"arrays":[1],"scalars":{}}')
+
+
+def test_encoded_headers_are_the_json_of_the_whole_header():
+    import json
+
+    for scalars in ({}, {"loss/t": 0.25, "n/t": 3, "é": "x", "flag": False}):
+        for arrays in ({}, {"w": np.zeros((2, 3), np.float32), "m": np.ones(9, bool), 'a"]': np.arange(2)}):
+            raw = encode(Message(arrays, scalars))
+            header = raw[8 : 8 + int.from_bytes(raw[4:8], "little")]
+            entries = [{"name": n, "dtype": a.dtype.name, "shape": list(a.shape),
+                        "nbytes": (a.size + 7) // 8 if a.dtype == bool else a.nbytes} for n, a in arrays.items()]
+            assert header == json.dumps({"arrays": entries, "scalars": scalars}, separators=(",", ":")).encode()

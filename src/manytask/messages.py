@@ -31,6 +31,7 @@ _BY_NAME = {name: np.dtype(name) for name in _DTYPES}  # parsed once: `np.frombu
 _BOOL = _BY_NAME["bool"]
 _NAMES = {dtype: name for name, dtype in _BY_NAME.items()}  # a dict hit instead of `dtype.name`, a slow property
 _HEADER = json.JSONEncoder(separators=(",", ":"))  # what `json.dumps(..., separators=...)` builds on every call
+_OPEN, _JOIN = b'{"arrays":', b'],"scalars":'  # how `encode` lays out every header
 
 
 @dataclass
@@ -97,14 +98,23 @@ def _tensor_to_numpy(tensor: Tensor) -> np.ndarray:
 
 def encode(message: Message) -> bytes:
     """Serialize a message; the result's length is its communication cost."""
-    entries, payloads = [], []
+    layout, payloads = [], []
     for name, array in message.arrays.items():
         dtype = _dtype_name(array.dtype)
         raw = np.packbits(array.reshape(-1)).tobytes() if dtype == "bool" else array.tobytes()
-        entries.append({"name": name, "dtype": dtype, "shape": list(array.shape), "nbytes": len(raw)})
+        layout.append((name, dtype, array.shape, len(raw)))
         payloads.append(raw)
-    header = _HEADER.encode({"arrays": entries, "scalars": message.scalars}).encode()
+    # `_HEADER.encode({"arrays": entries, "scalars": scalars})`, byte for byte, its arrays' part written once per layout
+    header = b"".join([_OPEN, _arrays_json(tuple(layout)), _JOIN[1:], _HEADER.encode(message.scalars).encode(), b"}"])
     return b"".join([MAGIC, struct.pack("<I", len(header)), header, *payloads])
+
+
+@lru_cache(maxsize=64)
+def _arrays_json(layout: tuple[tuple[str, str, tuple[int, ...], int], ...]) -> bytes:
+    """The header's list of array entries (name, dtype, shape, byte count), as JSON."""
+    entries = [{"name": name, "dtype": dtype, "shape": list(shape), "nbytes": nbytes}
+               for name, dtype, shape, nbytes in layout]
+    return _HEADER.encode(entries).encode()
 
 
 class MessageError(ValueError):
@@ -164,7 +174,6 @@ def _parse_header(raw: bytes) -> tuple[tuple[Entry, ...], dict[str, Scalar]]:
 
 
 _CACHED_HEADERS, _CACHED_HEADER_BYTES = 32, 16 << 10
-_OPEN, _JOIN = b'{"arrays":', b'],"scalars":'  # how `encode` lays out every header
 
 
 def _split_header(raw: bytes) -> tuple[tuple[Entry, ...], dict[str, Scalar]] | None:
