@@ -31,23 +31,25 @@ def weighted_average(
     totals: dict[str, Weight] = {}
     dtypes: dict[str, torch.dtype] = {}
     for update, weight in zip(updates, weights, strict=True):
-        plain: tuple[list[Tensor], list[Tensor], list[float]] = ([], [], [])  # (sums, terms, weights) of `_scaled`
+        into: list[Tensor] = []  # the sums that take `_weighted(value, w)` in place, batched below: the values,
+        values: list[Tensor] = []  # the weights
+        scales: list[float] = []
         for key, value in update.items():
             w = weight[key]
             total = sums.get(key)
             if _scaled(value, w) and total is not None and total.shape == value.shape:
-                plain[0].append(total)
-                plain[1].append(value)
-                plain[2].append(w)
+                into.append(total)
+                values.append(value)
+                scales.append(w)
             else:
                 term = _weighted(value, w)
                 sums[key] = term if total is None else total + term
             totals[key] = totals.get(key, 0.0) + w
             dtypes[key] = value.dtype
-        if plain[0]:  # `total.add_(_weighted(value, w))` for every one of them, in three ops over the lists
-            terms = [value.double() for value in plain[1]]
-            torch._foreach_mul_(terms, plain[2])
-            torch._foreach_add_(plain[0], terms)
+        if into:  # `total.add_(_weighted(value, w))` for every one of them, in three ops over the lists
+            terms = [value.double() for value in values]
+            torch._foreach_mul_(terms, scales)
+            torch._foreach_add_(into, terms)
     return {k: (sums[k] / totals[k]).to(dtypes[k]) for k in sums if _positive(k, totals[k])}
 
 
