@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
-from torch.nn.utils.rnn import pad_sequence
 
 from manytask.client.trainer import Trainer, index_batches, shares_inputs, stream_seed_request
 from manytask.models.multitask import task_of_key
@@ -42,10 +41,11 @@ def padded_batches(batches: list[Tensor], batch: int, like: Tensor) -> tuple[Ten
     if not batches:
         return (torch.zeros(0, batch, dtype=torch.long, device=like.device),
                 torch.zeros(0, batch, dtype=dtype, device=like.device))
-    lengths = [b.shape[0] for b in batches]
-    index = nn.functional.pad(pad_sequence(batches, batch_first=True), (0, batch - max(lengths)))
-    counts = torch.tensor(lengths)[:, None].to(dtype)
-    weight = (torch.arange(batch) < counts).to(dtype) / counts
+    counts = torch.tensor([b.shape[0] for b in batches])[:, None]
+    real = torch.arange(batch) < counts
+    # one scatter of all batches in row order: pad_sequence copies them one by one
+    index = torch.zeros(real.shape, dtype=batches[0].dtype).masked_scatter_(real, torch.cat(batches))
+    weight = real.to(dtype) / counts.to(dtype)
     return index.to(like.device), weight.to(like.device)
 
 

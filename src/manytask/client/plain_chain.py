@@ -12,6 +12,11 @@ from torch import Tensor, nn
 from manytask.client.batch_plans import StepLosses, TaskPlan, offsets, padded_batches
 from manytask.tasks.task import TaskKind
 
+# CPU kernels of log-softmax take a scalar path over rows narrower than one vector register (16 floats with AVX-512,
+# 8 with AVX2): 10 classes cost 9x what 16 do. Padding the picked logits to 16 with −∞ (exp(−∞) adds exactly 0 to
+# the softmax sum) keeps every row on the vector path.
+SOFTMAX_WIDTH = 16
+
 
 class Round:
     """Every step's batches of a round on a plain chain (`plain_chain`), built at once: for each row (a batch of one
@@ -30,7 +35,9 @@ class Round:
                                             every)
         self.columns = torch.tensor([column[task] for _, task, _, _ in rows], device=device)
         self.index = index + offsets([offset for _, _, _, offset in rows], index)  # into each row's task's data
-        self.x = every[index + offsets([starts[task] + offset for _, task, _, offset in rows], index)]
+        within = index + offsets([starts[task] + offset for _, task, _, offset in rows], index)
+        # index_select on the flat index: advanced indexing with a 2-D index is 4x slower here
+        self.x = every.index_select(0, within.flatten()).view(*within.shape, *every.shape[1:])
         self.clients = torch.tensor([client for client, _, _, _ in rows], device=device)
         self.rows_of = {task: (self.columns == column[task]).nonzero().squeeze(1) for task in self.tasks}
         classification = all(plans[task].kind is TaskKind.CLASSIFICATION for task in self.tasks)
@@ -44,11 +51,12 @@ class Round:
             begin += len(step)
 
     def _picks(self) -> tuple[Tensor, Tensor, Tensor]:
-        """(each row's own columns of the merged head, padded, (rows, widest); the −∞ mask of the padding,
-        (rows, 1, widest); each row's own targets, (rows, batch))."""
+        """(each row's own columns of the merged head, padded, (rows, width); the −∞ mask of the padding,
+        (rows, 1, width); each row's own targets, (rows, batch)). The width is the widest head's, but at least
+        `SOFTMAX_WIDTH`."""
         device = self.x.device
         sizes = torch.tensor(self.sizes, device=device)
-        slot = torch.arange(max(self.sizes), device=device)
+        slot = torch.arange(max(*self.sizes, SOFTMAX_WIDTH), device=device)
         size = sizes[self.columns][:, None]
         picks = (sizes.cumsum(0) - sizes)[self.columns][:, None] + torch.minimum(slot, size - 1)
         mask = torch.zeros(picks.shape, dtype=self.weight.dtype, device=device).masked_fill_(slot >= size, -torch.inf)

@@ -154,8 +154,8 @@ def _sgd_step(params: list[Tensor], grads: list[Tensor], buffers: list[Tensor], 
     if weight_decay:
         grads = torch._foreach_add(grads, params, alpha=weight_decay)
     if momentum:
-        if not buffers:
-            buffers = [grad.clone() for grad in grads]
+        if not buffers:  # the first step's gradients become the buffers: autograd made them for this step alone
+            buffers = grads
         else:
             prefix = [buffer[: len(grad)] for buffer, grad in zip(buffers, grads, strict=True)]
             torch._foreach_mul_(prefix, momentum)
