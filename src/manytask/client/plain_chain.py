@@ -87,14 +87,13 @@ class Pass:
         through the gather, which zero-fills a gradient of the whole prefix for every parameter."""
         batches, rows = self.round, self.rows
         body = plain_chain(template, batches.tasks[0])[:-1]  # type: ignore[index]
-        heads = [f"heads.{task}" for task in batches.tasks]
-        keys = chain_keys(body) + [f"{head}.{name}" for head in heads for name in ("weight", "bias")]
+        keys = chain_keys(body) + list(MERGED)
         groups = [params]
         if self.extra is not None:
             leaves = {k: params[k].detach().index_select(0, self.extra).requires_grad_() for k in keys}
             gathered.extend((k, self.extra, leaf) for k, leaf in leaves.items())
             groups.append(leaves)
-        outputs = [_outputs(body, heads, group, batches.x[group_rows])
+        outputs = [_outputs(body, group, batches.x[group_rows])
                    for group, group_rows in zip(groups, self.groups, strict=True)]
         outputs = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
         clients, columns, sample_weight = batches.clients[rows], batches.columns[rows], batches.weight[rows]
@@ -114,12 +113,43 @@ class Pass:
         return losses
 
 
-def _outputs(body: Chain, heads: list[str], params: Mapping[str, Tensor], x: Tensor) -> Tensor:
-    """The merged head's outputs, (rows, batch, every task's outputs), of `body` then every head in `heads`."""
-    features = run_chain(body, params, x)
-    weight = torch.cat([params[f"{head}.weight"] for head in heads], dim=1)
-    bias = torch.cat([params[f"{head}.bias"] for head in heads], dim=1)
-    return torch.baddbmm(bias.unsqueeze(1), features, weight.transpose(1, 2))
+def _outputs(body: Chain, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+    """The merged head's outputs, (rows, batch, every task's outputs), of `body` then the merged head."""
+    weight, bias = (params[name] for name in MERGED)
+    return torch.baddbmm(bias.unsqueeze(1), run_chain(body, params, x), weight.transpose(1, 2))
+
+
+MERGED = ("heads.*.weight", "heads.*.bias")  # the leaves of the merged head
+
+
+class MergedHeads:
+    """The heads of a round's tasks trained as one merged head: two stacked leaves, the heads' weights (biases)
+    concatenated along the outputs in the round's task order. The passes then read the merged head without a cat
+    at every step, its gradient comes back as one tensor, and the SGD step moves two tensors, not two per task;
+    each head is a view of its rows (`views`)."""
+
+    def __init__(self, plans: Mapping[str, TaskPlan]) -> None:
+        self.heads = [f"heads.{task}" for task in plans]
+        self.sizes = [plan.outputs for plan in plans.values()]
+
+    def merge(self, named: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """`named` (parameters, or per-client masks broadcast over them) with the heads replaced by the merged
+        head's two leaves, placed last."""
+        merged = [f"{head}.{part}" for head in self.heads for part in ("weight", "bias")]
+        leaves = {name: value for name, value in named.items() if name not in merged}
+        for name, part in zip(MERGED, ("weight", "bias"), strict=True):
+            heads = [named[f"{head}.{part}"] for head in self.heads]
+            leaves[name] = torch.cat([h.expand(-1, size, *h.shape[2:]) for h, size in zip(heads, self.sizes,
+                                                                                        strict=True)], dim=1)
+        return leaves
+
+    def views(self, leaves: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Every parameter by name: the leaves, each head as a view of the merged head's rows."""
+        named = {name: value for name, value in leaves.items() if name not in MERGED}
+        for name, part in zip(MERGED, ("weight", "bias"), strict=True):
+            for head, rows in zip(self.heads, leaves[name].split(self.sizes, dim=1), strict=True):
+                named[f"{head}.{part}"] = rows
+        return named
 
 
 Row = tuple[int, str, Tensor, int]  # (client, task, a batch of its own sample indices, where they start in the task)

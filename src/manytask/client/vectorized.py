@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from manytask.client.batch_plans import SAMPLE_LOSSES, StepLosses, TaskPlan, batch_plans
-from manytask.client.plain_chain import Gathered, Pass, chain_passes
+from manytask.client.plain_chain import Gathered, MergedHeads, Pass, chain_passes
 from manytask.client.trainer import ParameterTerm, TaskData, Trainer, TrainReport
 from manytask.models.multitask import task_of_key
 from manytask.tasks.task import TaskSpec
@@ -103,9 +103,14 @@ def train_vectorized(
     trains = {n: _trains_mask(n, jobs, params[n]) if config.weight_decay or terms else None for n in names}
     plans = batch_plans(trainer, jobs, steps)
     passes = chain_passes(template, plans, params, steps)
-    if passes is None:
+    heads = None if passes is None else MergedHeads(plans)
+    if heads is not None:
+        params = heads.merge(params)
+        trains = heads.merge(trains) if terms or config.weight_decay else dict.fromkeys(params)
+    else:
         for plan in plans.values():
             plan.finish()
+    names = list(params)  # the leaves: parameters, or (plain chains) the merged head in place of the heads
     lr = config.lr_at(round_index, total_rounds)
     buffers: list[Tensor] = []  # momentum, every client's, by name
     device = next(iter(params.values())).device
@@ -113,11 +118,12 @@ def train_vectorized(
     for step in range(steps[0]):
         active = sum(count > step for count in steps)
         live = {n: p[:active].detach().requires_grad_() for n, p in params.items()}  # views of the prefix
+        named = live if heads is None else heads.views(live)
         gathered: Gathered = []
         losses = step_losses(template, plans, live, step, passes, gathered)
         loss = torch.stack([row_loss.sum() for _, _, row_loss in losses]).sum()
         for term in terms:
-            loss = loss + term(live, active)
+            loss = loss + term(named, active)
         grads = list(torch.autograd.grad(loss, [live[n] for n in names] + [leaf for _, _, leaf in gathered],
                                          allow_unused=True, materialize_grads=True))
         with torch.no_grad():
@@ -129,7 +135,7 @@ def train_vectorized(
             masks = [None if trains[n] is None else trains[n][:active] for n in names]
             buffers = _sgd_step([live[n] for n in names], grads, buffers, masks, config.momentum,
                                 config.weight_decay, lr)
-    return _results(jobs, order, params, list(plans), totals, steps)
+    return _results(jobs, order, params if heads is None else heads.views(params), list(plans), totals, steps)
 
 
 def _results(jobs: Sequence[ClientJob], order: list[int], params: Mapping[str, Tensor], tasks: list[str],
