@@ -4,6 +4,7 @@ import torch
 from manytask.config import validate
 from manytask.experiment import Experiment
 from manytask.messages import Message
+from manytask.methods.common import aggregation
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
 from manytask.methods.hosts.fedprox import proximal_term
 from tests.conftest import small_config_dict
@@ -40,8 +41,11 @@ def reference_average(updates, weights):
     return {k: (sums[k] / totals[k]).to(dtypes[k]) for k in sums}
 
 
-def random_value(generator: torch.Generator) -> torch.Tensor:
+def random_value(generator: torch.Generator, uniform: bool = False) -> torch.Tensor:
     kind = int(torch.randint(6, (1,), generator=generator))
+    if uniform:  # float64 (its sums' last bits show in the average), -0.0 at times: sums of zeros keep their sign
+        value = torch.randn(3, 2, generator=generator, dtype=torch.float64)
+        return value.masked_fill(torch.rand(3, 2, generator=generator) < 0.3, -0.0)
     value = torch.randn(3, 2, generator=generator) * 10.0 ** int(torch.randint(-6, 6, (1,), generator=generator))
     return [value, value.double(), value.half(), torch.randint(-2**60, 2**60, (3, 2), generator=generator),
             torch.full((3, 2), -0.0), value.masked_fill(value > 0, float("inf"))][kind]
@@ -53,12 +57,17 @@ def random_weight(generator: torch.Generator) -> float | torch.Tensor:
     return [scale, scale, torch.rand(3, 2, generator=generator, dtype=torch.float64) + 0.1, torch.tensor(scale)][kind]
 
 
-def test_weighted_average_is_bit_identical_to_running_float64_sums():
+@pytest.mark.parametrize("block_rows", [None, 1, 2])  # stacked sums in blocks of that many updates (None: one)
+def test_weighted_average_is_bit_identical_to_running_float64_sums(monkeypatch, block_rows):
+    if block_rows is not None:
+        monkeypatch.setattr(aggregation, "SUM_BLOCK_BYTES", 8 * 6 * block_rows)
     generator = torch.Generator().manual_seed(0)
     for _ in range(200):
-        updates = [{k: random_value(generator) for k in "abcd" if torch.rand(1, generator=generator) < 0.7}
-                   for _ in range(int(torch.randint(1, 8, (1,), generator=generator)))]
-        weights = [{k: random_weight(generator) for k in update} for update in updates]
+        uniform = bool(torch.rand(1, generator=generator) < 0.5)  # one dtype, float weights: the stacked path
+        updates = [{k: random_value(generator, uniform) for k in "abcd" if torch.rand(1, generator=generator) < 0.7}
+                   for _ in range(int(torch.randint(1, 12, (1,), generator=generator)))]
+        weights = [{k: float(torch.rand(1, generator=generator)) * 100 if uniform else random_weight(generator)
+                    for k in update} for update in updates]
         expected, out = reference_average(updates, weights), weighted_average(updates, weights)
         assert out.keys() == expected.keys()
         for key, value in expected.items():
