@@ -54,3 +54,25 @@ def test_training_on_cuda_gives_the_cpu_numbers_within_float_tolerance(tmp_path,
         assert len(rows) == 3 and rows[-1]["bytes_up"]
         for task, metrics in summary["tasks"].items():
             assert gpu[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-3), (label, task)
+
+
+PERSONAL = {
+    "name": "devices-personal", "rounds": 2, "seed": 0, "reference": None, "participation": 0.5, "eval_every": 1,
+    "method": [{"name": "sfmtl-graph", "graph": "random"}, "fedu", "pfedme", "local"],
+    "benchmark": {"name": "rotated-masked-digits", "num_clients": 8, "clusters": 2, "grid": 4, "patch_prob": 0.25},
+    "federation": {"num_clients": 8, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
+    "model": {"backbone": "cnn", "channels": [8, 16], "hidden": 32},
+    "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 8},
+}
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_personal_methods_on_cuda_give_the_cpu_numbers_within_float_tolerance(tmp_path):
+    """SFMTL-Graph with its random-graph control: Louvain on the learned graph could split differently on float
+    noise, the random graph is the same on both devices."""
+    cpu = run_config(validate({**PERSONAL, "device": "cpu"}), tmp_path / "cpu")
+    gpu = run_config(validate({**PERSONAL, "device": "cuda"}), tmp_path / "gpu")
+    for label, summary in cpu.items():
+        for task, metrics in summary["tasks"].items():
+            assert gpu[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-3), (label, task)
+

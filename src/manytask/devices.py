@@ -1,9 +1,10 @@
 """Where client training runs (`device: auto | cpu | cuda`).
 
-`auto` is the GPU when torch sees one, else the CPU. Client programs that support a device (the host methods and
-the plug-ins over them) build their models there, receive their data, payloads and state there, and train there;
-what crosses the wire is still serialized from CPU arrays, and client state is handed back on the CPU, so messages,
-byte counts and checkpoints do not depend on the device. Servers aggregate on the CPU."""
+`auto` is the GPU when torch sees one, else the CPU. Client programs that support a device (the host methods, the
+plug-ins over them, SFMTL-Graph, FedU, pFedMe and the private-model references) build their models there, receive
+their data, payloads and state there, and train there; what crosses the wire is still serialized from CPU arrays,
+and client state is handed back on the CPU, so messages, byte counts and checkpoints do not depend on the device.
+Servers aggregate on the CPU."""
 
 from __future__ import annotations
 

@@ -14,6 +14,8 @@ from manytask.models.multitask import MultiTaskModel, load_state, trainable_stat
 class PrivateModelClient(ClientProgram):
     """Keeps its whole model (backbone + its heads) in client state; sends nothing."""
 
+    supports_device = True
+
     def fit(self, ctx: ClientContext, payload: Message | None) -> None:
         model = self.restore(ctx)
         self.setup.trainer().train(model, ctx.data, ctx.seed, ctx.round_index, self.setup.rounds)
@@ -28,7 +30,7 @@ class PrivateModelClient(ClientProgram):
         model = self.setup.build_model()
         if ctx.state:
             load_state(model, ctx.state)
-        return model
+        return model.to(self.device)
 
 
 class SilentServer(ServerProgram):

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import torch
 from torch import Tensor
 
+from manytask.devices import CPU
 from manytask.errors import ManytaskError
 from manytask.messages import Message
 from manytask.methods.base import ServerProgram, Setup
@@ -41,9 +43,11 @@ def check_shared_head(setup: Setup, who: str = "shared_head") -> None:
         raise ManytaskError(f"{who} needs every task to have the same number of outputs; got {outputs}.")
 
 
-def personal_model(setup: Setup, *layers: Mapping[str, Tensor]) -> MultiTaskModel:
+def personal_model(setup: Setup, *layers: Mapping[str, Tensor], device: torch.device = CPU) -> MultiTaskModel:
     """The initial model overlaid with `layers` in order, later ones winning (e.g. a starting point, the client's
-    state, then what the server sent it). A key the model does not have is an error, not silently dropped."""
+    state, then what the server sent it), on `device`. A key the model does not have is an error, not silently
+    dropped. The model is built and loaded on the CPU, whatever device the layers are on, then moved: its
+    initial values do not depend on the device."""
     merged: dict[str, Tensor] = {}
     for layer in layers:
         merged.update(layer)
@@ -51,7 +55,7 @@ def personal_model(setup: Setup, *layers: Mapping[str, Tensor]) -> MultiTaskMode
     unexpected = load_state(model, merged)
     if unexpected:
         raise KeyError(f"not parameters of the model: {sorted(unexpected)}")
-    return model
+    return model.to(device)
 
 
 def graph_steps(setup: Setup, round_index: int, clients: Sequence[int]) -> list[float]:

@@ -75,14 +75,14 @@ class AnchorHook(TrainHook):
         self.momentum = momentum
 
     def loss(self, step: StepContext) -> Tensor | None:
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.anchors.device)
         for task, (_, y) in step.batches.items():
             total = total + self.batch_loss(step.features[task], y)
         return total
 
     def batch_loss(self, features: Tensor, y: Tensor) -> Tensor:
         classes = y.unique()
-        loss = torch.zeros(())
+        loss = torch.zeros((), device=features.device)
         for c in classes:
             mine = features[y == c]
             loss = loss + (mine - self.anchors[c]).pow(2).mean()
@@ -98,17 +98,19 @@ def initial_anchors(setup: Setup, task: str, width: int) -> Tensor:
 
 
 class SfmtlClient(ClientProgram):
+    supports_device = True
+
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
         task = only_task(self.setup, ctx.client_id, NAME)
         model = self.model_for_evaluation(ctx, payload)
         received = {} if payload is None else payload.tensors()
         anchors = received.get(ANCHORS, ctx.state.get(ANCHORS, initial_anchors(
-            self.setup, task, model.backbone.out_features))).clone()
+            self.setup, task, model.backbone.out_features))).to(self.device, copy=True)
         hook = AnchorHook(anchors, self.params.anchor_weight, self.params.momentum)
         report = self.setup.trainer().train(model, ctx.data, ctx.seed, ctx.round_index, self.setup.rounds, [hook])
         ctx.state.clear()
         ctx.state.update({**trainable_state(model, [task]), ANCHORS: hook.anchors})
-        labels = torch.zeros(len(anchors), dtype=torch.bool)
+        labels = torch.zeros(len(anchors), dtype=torch.bool, device=self.device)
         labels[ctx.data[task][1].unique()] = True
         head = {k: v for k, v in trainable_state(model, [task]).items() if k.startswith(head_prefix(task))}
         scalars = {SIZE_PREFIX + task: len(ctx.data[task][1]), LOSS_PREFIX + task: report.mean_loss[task]}
@@ -119,7 +121,7 @@ class SfmtlClient(ClientProgram):
         the server updated when it sent one."""
         own = {k: v for k, v in ctx.state.items() if k != ANCHORS}
         received = {} if payload is None else {k: v for k, v in payload.tensors().items() if k != ANCHORS}
-        return personal_model(self.setup, own, received)
+        return personal_model(self.setup, own, received, device=self.device)
 
 
 class SfmtlServer(PerClientPayloadServer):

@@ -59,6 +59,8 @@ def complete_graph(size: int) -> Tensor:
 
 
 class FeduClient(ClientProgram):
+    supports_device = True
+
     def __init__(self, setup: Setup, params: FeduParams) -> None:
         super().__init__(setup, params)
         self.start = setup.common_start()
@@ -76,7 +78,7 @@ class FeduClient(ClientProgram):
         (the common initial model before its first round)."""
         task = only_task(self.setup, ctx.client_id, NAME)
         received = {} if payload is None else to_task(payload.tensors(), task)
-        return personal_model(self.setup, to_task(self.start, task), ctx.state, received)
+        return personal_model(self.setup, to_task(self.start, task), ctx.state, received, device=self.device)
 
 
 class FeduServer(PerClientPayloadServer):

@@ -24,6 +24,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from manytask.client.trainer import TaskData, shuffled_batches
+from manytask.devices import on_device
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Metrics, Setup
 from manytask.methods.common.personal import check_shared_head, only_task, personal_model
@@ -93,6 +94,8 @@ def train_personalized(
 
 
 class PfedmeClient(ClientProgram):
+    supports_device = True
+
     def __init__(self, setup: Setup, params: PfedmeParams) -> None:
         super().__init__(setup, params)
         self.start = setup.common_start()
@@ -100,8 +103,8 @@ class PfedmeClient(ClientProgram):
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
         assert payload is not None, "pFedMe clients always receive the global model"
         task = only_task(self.setup, ctx.client_id, NAME)
-        local = to_task(payload.tensors(), task)
-        model = personal_model(self.setup, local)  # θ starts at w
+        local = on_device(to_task(payload.tensors(), task), self.device)
+        model = personal_model(self.setup, local, device=self.device)  # θ starts at w
         local, loss = train_personalized(
             model, local, self._batches(ctx.data, task, ctx.seed), self.setup.specs[task],
             self.setup.train.lr_at(ctx.round_index, self.setup.rounds), self.params,
@@ -119,7 +122,7 @@ class PfedmeClient(ClientProgram):
     def model_for_evaluation(self, ctx: ClientContext, payload: Message | None) -> MultiTaskModel:
         """θ, or the common initial model before the client's first round."""
         task = only_task(self.setup, ctx.client_id, NAME)
-        return personal_model(self.setup, to_task(self.start, task), ctx.state)
+        return personal_model(self.setup, to_task(self.start, task), ctx.state, device=self.device)
 
 
 class PfedmeServer(HostServer):
