@@ -58,6 +58,18 @@ def test_tensors_with_prefix():
     assert torch.equal(msg.tensor("head/a"), torch.ones(2))
 
 
+def test_tensor_views_follow_the_arrays_they_view():
+    message = Message.from_tensors({"a": torch.zeros(2), "b": torch.ones(3)})
+    first = message.tensors()
+    assert message.tensors()["a"] is first["a"]  # made once while the arrays stay the same objects
+    message.arrays["a"] = np.full(2, 5.0, dtype=np.float32)  # replaced in place
+    assert message.tensors()["a"].tolist() == [5.0, 5.0] and message.tensors()["b"].tolist() == [1.0] * 3
+    message.arrays["c"] = np.zeros(1, dtype=np.float32)  # one more
+    assert list(message.tensors()) == ["a", "b", "c"]
+    message.arrays = {"b": message.arrays["b"], "a": message.arrays["a"]}  # the same objects, another order
+    assert list(message.tensors()) == ["b", "a"]
+
+
 def test_unsupported_dtype_is_refused():
     with pytest.raises(TypeError):
         Message({"c": np.array([1 + 2j])})

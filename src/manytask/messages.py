@@ -40,8 +40,8 @@ class Message:
 
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     scalars: dict[str, Scalar] = field(default_factory=dict)
-    _views: tuple[list[tuple[str, np.ndarray]], dict[str, Tensor]] | None = field(
-        default=None, init=False, repr=False, compare=False)  # (the arrays viewed, their tensor views)
+    _views: tuple[tuple[int, ...], tuple[str, ...], dict[str, Tensor], tuple[np.ndarray, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False)  # (the arrays' ids, their names, their views, the arrays)
 
     def __post_init__(self) -> None:
         self.arrays = {name: _to_numpy(value) for name, value in self.arrays.items()}
@@ -59,12 +59,15 @@ class Message:
         return {n[len(prefix) :]: t for n, t in views.items() if n.startswith(prefix)}
 
     def _all_views(self) -> dict[str, Tensor]:
-        items = list(self.arrays.items())
+        arrays = self.arrays
         cached = self._views
-        if cached is None or len(cached[0]) != len(items) or any(
-                n != m or a is not b for (n, a), (m, b) in zip(cached[0], items, strict=True)):
-            cached = self._views = (items, {n: torch.from_numpy(a) for n, a in items})
-        return cached[1]
+        # the same array objects under the same names, compared in C by identity (the cache holds the arrays, so
+        # their ids cannot be reused while it stands)
+        ids = tuple(map(id, arrays.values()))
+        if cached is None or cached[0] != ids or cached[1] != tuple(arrays):
+            cached = self._views = (ids, tuple(arrays), {n: torch.from_numpy(a) for n, a in arrays.items()},
+                                    tuple(arrays.values()))
+        return cached[2]
 
     @classmethod
     def from_tensors(
