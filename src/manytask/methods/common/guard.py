@@ -23,16 +23,16 @@ MIN_REPLIES = 3
 def update_norms(sent: Mapping[int, Mapping[str, Tensor]], replies: Mapping[int, Mapping[str, Tensor]]
                  ) -> dict[int, float]:
     """Per client, u_n = max over the trained copies of its reply (reply keys -> tensors) of ‖trained − sent‖₂ over
-    their parameters. Every reply of every host round passes here, so the arrays that share a reference are stacked
-    and measured with one op per parameter, not one per reply (in the arrays' own dtype: a guard that compares
+    their parameters. Every reply of every host round passes here, so the arrays whose references share memory are
+    stacked and measured with one op per parameter, not one per reply (in the arrays' own dtype: a guard that compares
     against 100× the median needs no more precision)."""
-    groups: dict[int, tuple[Tensor, list[Tensor], list[tuple[int, str | None]]]] = {}
+    groups: dict[tuple, tuple[Tensor, list[Tensor], list[tuple[int, str | None]]]] = {}
     for client, trained in replies.items():
         for copy, keys in copy_groups(trained).items():
             for key in keys:
                 reference = sent[client].get(reference_key(key))
                 if reference is not None and is_parameter(key, trained[key]):
-                    group = groups.setdefault(id(reference), (reference, [], []))
+                    group = groups.setdefault(_memory(reference), (reference, [], []))
                     group[1].append(trained[key])
                     group[2].append((client, copy))
     squares: dict[tuple[int, str | None], float] = {}
@@ -44,6 +44,12 @@ def update_norms(sent: Mapping[int, Mapping[str, Tensor]], replies: Mapping[int,
     for (client, _), square in squares.items():
         norms[client] = max(norms[client], math.sqrt(square))
     return norms
+
+
+def _memory(tensor: Tensor) -> tuple:
+    """Where a tensor's values lie: tensors that view the same memory the same way hold the same values (each
+    task set's payload views the global state through arrays of its own)."""
+    return tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride()
 
 
 def far_beyond_median(norms: Mapping[int, float], factor: float) -> dict[int, str]:
