@@ -113,7 +113,7 @@ def batch_plans(trainer: Trainer, jobs: Sequence[ClientJob], steps: list[int]) -
     plans = {}
     for task in tasks:
         holders = [c for c, job in enumerate(jobs) if task in job.data]
-        sizes = [len(jobs[c].data[task][1]) for c in holders]
+        sizes = [jobs[c].data[task][1].shape[0] for c in holders]
         for c, start in zip(holders, torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist(), strict=True):
             offsets[c][task] = start
         x = torch.cat([jobs[c].data[task][0] for c in holders])
@@ -125,13 +125,13 @@ def batch_plans(trainer: Trainer, jobs: Sequence[ClientJob], steps: list[int]) -
                                for k in ks]))
     for c, (job, own) in enumerate(zip(jobs, steps, strict=True)):
         if shared[c]:
-            stream = _stream(len(next(iter(job.data.values()))[1]), batch, next(seeds))
+            stream = _stream(next(iter(job.data.values()))[1].shape[0], batch, next(seeds))
             for step in range(own):
                 chosen = next(stream)
                 for task in job.data:
                     plans[task].place(step, c, chosen, offsets[c][task])
         else:
-            streams = {t: _stream(len(y), batch, next(seeds)) for t, (_, y) in job.data.items()}
+            streams = {t: _stream(y.shape[0], batch, next(seeds)) for t, (_, y) in job.data.items()}
             for step in range(own):
                 for task, stream in streams.items():
                     plans[task].place(step, c, next(stream), offsets[c][task])
