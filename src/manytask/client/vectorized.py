@@ -100,13 +100,14 @@ def train_vectorized(
     params = {n: torch.stack([job.start[n] for job in jobs]) for n in names}
     terms = _stacked_terms(jobs, params)
     config = trainer.config
-    trains = {n: _trains_mask(n, jobs, params[n]) if config.weight_decay or terms else None for n in names}
+    masked = bool(config.weight_decay or terms)  # only then can a head move without its own task's loss
+    trains = {n: _trains_mask(n, jobs, params[n]) if masked else None for n in names}
     plans = batch_plans(trainer, jobs, steps)
     passes = chain_passes(template, plans, params, steps)
     heads = None if passes is None else MergedHeads(plans)
     if heads is not None:
         params = heads.merge(params)
-        trains = heads.merge(trains) if terms or config.weight_decay else dict.fromkeys(params)
+        trains = heads.merge(trains) if masked else dict.fromkeys(params)
     else:
         for plan in plans.values():
             plan.finish()
