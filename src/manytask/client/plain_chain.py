@@ -42,13 +42,18 @@ class Round:
         self.rows_of = {task: (self.columns == column[task]).nonzero().squeeze(1) for task in self.tasks}
         classification = all(plans[task].kind is TaskKind.CLASSIFICATION for task in self.tasks)
         self.picks = self._picks() if classification else None
-        self.passes = []
+        self.bounds = []  # per step: (its first row, its end, where its extra rows begin)
         begin = 0
         for step in steps:
             clients = [client for client, _, _, _ in step]
             prefix = next((row for row, client in enumerate(clients) if client != row), len(clients))
-            self.passes.append(Pass(self, begin, begin + len(step), begin + prefix))
+            self.bounds.append((begin, begin + len(step), begin + prefix))
             begin += len(step)
+
+    def passes(self) -> list[Pass]:
+        """One pass per step. The round holds no list of them: each pass holds the round, and a cycle would keep the
+        round's tensors alive until a full garbage collection (rounds piled up, ~1 MB each at 30 clients)."""
+        return [Pass(self, *bounds) for bounds in self.bounds]
 
     def _picks(self) -> tuple[Tensor, Tensor, Tensor]:
         """(each row's own columns of the merged head, padded, (rows, width); the −∞ mask of the padding,
@@ -175,7 +180,7 @@ def chain_passes(template: nn.Module, plans: Mapping[str, TaskPlan], params: Map
         clients = sorted(placed)
         depths = max(len(batches) for batches in placed.values())
         rows.append([(c, *placed[c][depth]) for depth in range(depths) for c in clients if len(placed[c]) > depth])
-    return [[step] for step in Round(rows, inputs, plans).passes]
+    return [[step] for step in Round(rows, inputs, plans).passes()]
 
 
 Chain = list[tuple[str, nn.Module]]
