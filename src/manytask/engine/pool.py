@@ -17,6 +17,7 @@ from typing import Any
 
 from manytask.config import validate
 from manytask.engine.client_runner import ClientRunner, ClientState
+from manytask.engine.heap import retain_freed_memory
 from manytask.engine.loop import FitOutcome, Payloads, RoundLoop, RoundObserver
 from manytask.experiment import Experiment
 from manytask.messages import Message, decode, encode
@@ -28,6 +29,7 @@ _runner: ClientRunner | None = None  # the worker process's runner, built once b
 
 def _start_worker(config: dict[str, Any]) -> None:
     global _runner
+    retain_freed_memory()  # a worker's rounds allocate like the main process's (`engine/heap.py`)
     _runner = ClientRunner(Experiment.build(validate(config)))
 
 
