@@ -221,16 +221,19 @@ class Trainer:
 def train_mode(model: nn.Module) -> None:
     """`model.train()`: the flag is set directly on every submodule when none overrides `train` (going through
     `nn.Module.__setattr__` for each cost a small client a noticeable share of its round). The module list is walked
-    once per model: a built model's tree does not change."""
+    once per model: a built model's tree does not change. The model keeps its submodules, not itself: a model that
+    refers to itself is freed only by a full garbage collection, which runs rarely during a run (`engine/heap.py`)."""
     cached = model.__dict__.get("_manytask_modules")
     if cached is None:
-        modules = list(model.modules())
-        cached = model.__dict__["_manytask_modules"] = (modules, all(type(m).train is nn.Module.train for m in modules))
-    modules, plain = cached
+        below = list(model.modules())[1:]
+        plain = all(type(m).train is nn.Module.train for m in [model, *below])
+        cached = model.__dict__["_manytask_modules"] = (below, plain)
+    below, plain = cached
     if not plain:
         model.train()
         return
-    for module in modules:
+    model.__dict__["training"] = True
+    for module in below:
         module.__dict__["training"] = True
 
 

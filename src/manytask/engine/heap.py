@@ -16,6 +16,7 @@ kernel time in a 35 ms round, where the bare loop faults about 8."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ MAPPED_BYTES = 32 << 20  # blocks this large get mappings of their own (the most
 RETAINED_BYTES = 64 << 20  # free memory the heap keeps at its top before it trims
 
 
+@functools.cache  # once per process
 def retain_freed_memory() -> bool:
     """Under glibc: blocks under `MAPPED_BYTES` come from the heap, which keeps up to `RETAINED_BYTES` of freed
     memory for reuse, for the rest of the process (setting these turns glibc's adaptive thresholds off for good,
