@@ -11,7 +11,7 @@ from manytask.config import validate
 from manytask.engine.client_runner import ClientRunner
 from manytask.engine.local import InProcessTransport
 from manytask.engine.loop import FitOutcome, RoundLoop
-from manytask.engine.screening import DIVERGED, common_problem, screen
+from manytask.engine.screening import DIVERGED, _all_finite, common_problem, screen
 from manytask.experiment import Experiment
 from manytask.federation.federation import Federation
 from manytask.messages import Message, decode, encode
@@ -48,6 +48,23 @@ def test_what_every_reply_must_satisfy(scalars, reason):
 
 def test_non_finite_arrays_are_divergence():
     assert common_problem(1, message({"n/b": 7}, {"w": np.float32([1, np.inf])}), FEDERATION) == DIVERGED
+
+
+@pytest.mark.parametrize("array, finite", [
+    (np.float32([1e20, -1e20, 3]), True),  # Σ a² overflows: the entry-wise check decides
+    (np.float64([1e200, 1e200]), True),
+    (np.float32([[0, 1], [2, np.nan]]), False),
+    (np.float32([-np.inf, 1]), False),
+    (np.float64([np.inf, -np.inf]), False),
+    (np.float16([60000, 60000]), True),  # no BLAS dot for half precision
+    (np.float16([1, np.inf]), False),
+    (np.zeros(0, np.float32), True),
+    (np.float32([7]).astype(">f4"), True),
+    (np.float32([np.nan]).astype(">f4"), False),
+])
+def test_the_finite_check_is_exactly_numpys(array, finite):
+    with np.errstate(over="ignore"):  # as `screen` calls it
+        assert _all_finite(array) is finite is bool(np.isfinite(array).all())
 
 
 class Poisoning:

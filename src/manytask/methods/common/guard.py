@@ -27,12 +27,17 @@ def update_norms(sent: Mapping[int, Mapping[str, Tensor]], replies: Mapping[int,
     stacked and measured with one op per parameter, not one per reply (in the arrays' own dtype: a guard that compares
     against 100× the median needs no more precision)."""
     groups: dict[tuple, tuple[Tensor, list[Tensor], list[tuple[int, str | None]]]] = {}
+    places: dict[int, tuple] = {}  # by the reference's id: clients of one task set share their references' objects
     for client, trained in replies.items():
+        references = sent[client]
         for copy, keys in copy_groups(trained).items():
             for key in keys:
-                reference = sent[client].get(reference_key(key))
+                reference = references.get(reference_key(key))
                 if reference is not None and is_parameter(key, trained[key]):
-                    group = groups.setdefault(_memory(reference), (reference, [], []))
+                    place = places.get(id(reference))
+                    if place is None:
+                        place = places[id(reference)] = _memory(reference)
+                    group = groups.setdefault(place, (reference, [], []))
                     group[1].append(trained[key])
                     group[2].append((client, copy))
     squares: dict[tuple[int, str | None], float] = {}
