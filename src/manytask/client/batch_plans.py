@@ -6,6 +6,7 @@ plain chains run theirs in `client/plain_chain.py`."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
@@ -65,10 +66,16 @@ class TaskPlan:
     client's n real samples, 0 on padding). Only those clients run the task's forward pass, so the batched work is
     the sequential work plus padding."""
 
-    def __init__(self, task: str, spec: TaskSpec, x: Tensor, y: Tensor, steps: int, batch: int) -> None:
-        self.task, self.x, self.y, self.batch, self.outputs, self.kind = task, x, y, batch, spec.num_outputs, spec.kind
+    def __init__(self, task: str, spec: TaskSpec, xs: list[Tensor], y: Tensor, steps: int, batch: int) -> None:
+        self.task, self.xs, self.y, self.batch = task, xs, y, batch
+        self.outputs, self.kind = spec.num_outputs, spec.kind
         self.sample_loss = SAMPLE_LOSSES[spec.kind]
         self.placed: list[list[Placed]] = [[] for _ in range(steps)]  # step -> [(client, indices, offset)]
+
+    @cached_property
+    def x(self) -> Tensor:
+        """The inputs of every holder, concatenated (plain chains concatenate every task's `xs` at once instead)."""
+        return torch.cat(self.xs)
 
     def place(self, step: int, client: int, chosen: Tensor, offset: int) -> None:
         """A batch of the client's own sample indices; `offset` is where its samples start in `x`."""
@@ -79,8 +86,8 @@ class TaskPlan:
         self.steps = [self._stacked(placed) for placed in self.placed]
 
     def _stacked(self, placed: list[Placed]) -> tuple[Tensor, Tensor, Tensor]:
-        rows = torch.tensor([client for client, _, _ in placed], dtype=torch.long, device=self.x.device)
-        index, weight = padded_batches([chosen for _, chosen, _ in placed], self.batch, self.x)
+        rows = torch.tensor([client for client, _, _ in placed], dtype=torch.long, device=self.y.device)
+        index, weight = padded_batches([chosen for _, chosen, _ in placed], self.batch, self.xs[0])
         return rows, index + offsets([offset for _, _, offset in placed], index), weight
 
     def live(self, step: int) -> bool:
@@ -116,9 +123,9 @@ def batch_plans(trainer: Trainer, jobs: Sequence[ClientJob], steps: list[int]) -
         sizes = [jobs[c].data[task][1].shape[0] for c in holders]
         for c, start in zip(holders, torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist(), strict=True):
             offsets[c][task] = start
-        x = torch.cat([jobs[c].data[task][0] for c in holders])
         y = torch.cat([jobs[c].data[task][1] for c in holders])
-        plans[task] = TaskPlan(task, trainer.specs[task], x, y, max(steps), batch)
+        plans[task] = TaskPlan(task, trainer.specs[task], [jobs[c].data[task][0] for c in holders], y, max(steps),
+                               batch)
     shared = [shares_inputs(job.data) for job in jobs]
     keys = [["shared"] if one else list(job.data) for job, one in zip(jobs, shared, strict=True)]
     seeds = iter(derive_seeds([stream_seed_request(job.seed, k) for job, ks in zip(jobs, keys, strict=True)

@@ -168,8 +168,8 @@ def chain_passes(template: nn.Module, plans: Mapping[str, TaskPlan], params: Map
     chains = [plain_chain(template, task) for task in plans]
     if not all(chain is not None and all(k in params for k in chain_keys(chain)) for chain in chains):
         return None
-    sizes = [len(plan.x) for plan in plans.values()]
-    inputs = (torch.cat([plan.x for plan in plans.values()]),
+    sizes = [plan.y.shape[0] for plan in plans.values()]
+    inputs = (torch.cat([x for plan in plans.values() for x in plan.xs]),  # one copy of the inputs, not two
               dict(zip(plans, torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist(), strict=True)))
     rows = []
     for step in range(steps[0]):
