@@ -35,7 +35,10 @@ def retain_freed_memory() -> bool:
     """Under glibc: blocks under `MAPPED_BYTES` come from the heap, which keeps up to `RETAINED_BYTES` of freed
     memory for reuse, for the rest of the process (setting these turns glibc's adaptive thresholds off for good,
     so they are not handed back). Whether the allocator is glibc's; elsewhere nothing changes."""
-    libc = ctypes.CDLL(None)
+    try:
+        libc = ctypes.CDLL(None)  # the symbols the process has loaded (Windows has no such handle)
+    except (OSError, TypeError):
+        return False
     if not hasattr(libc, "gnu_get_libc_version"):
         return False
     libc.mallopt(M_MMAP_THRESHOLD, MAPPED_BYTES)
