@@ -115,14 +115,15 @@ def train_vectorized(
     lr = config.lr_at(round_index, total_rounds)
     buffers: list[Tensor] = []  # momentum, every client's, by name
     device = next(iter(params.values())).device
-    totals = torch.zeros(len(jobs), len(plans), dtype=torch.float64, device=device)  # client x task loss sums
+    recorded: StepLosses = []  # every step's (task columns, client rows, losses), summed per client and task at the end
     for step in range(steps[0]):
         active = sum(count > step for count in steps)
         live = {n: p[:active].detach().requires_grad_() for n, p in params.items()}  # views of the prefix
         named = live if heads is None else heads.views(live)
         gathered: Gathered = []
         losses = step_losses(template, plans, live, step, passes, gathered)
-        loss = torch.stack([row_loss.sum() for _, _, row_loss in losses]).sum()
+        parts = [row_loss.sum() for _, _, row_loss in losses]
+        loss = parts[0] if len(parts) == 1 else torch.stack(parts).sum()
         for term in terms:
             loss = loss + term(named, active)
         grads = list(torch.autograd.grad(loss, [live[n] for n in names] + [leaf for _, _, leaf in gathered],
@@ -131,12 +132,22 @@ def train_vectorized(
             for (name, rows, _), grad in zip(gathered, grads[len(names):], strict=True):
                 grads[names.index(name)].index_add_(0, rows, grad)
             grads = grads[: len(names)]
-            for columns, rows, row_loss in losses:
-                totals.index_put_((rows, columns), row_loss.detach().double(), accumulate=True)
+            recorded.extend((columns, rows, row_loss.detach()) for columns, rows, row_loss in losses)
             masks = [None if trains[n] is None else trains[n][:active] for n in names]
             buffers = _sgd_step([live[n] for n in names], grads, buffers, masks, config.momentum,
                                 config.weight_decay, lr)
+    totals = _loss_totals(recorded, len(jobs), len(plans), device)
     return _results(jobs, order, params if heads is None else heads.views(params), list(plans), totals, steps)
+
+
+def _loss_totals(recorded: StepLosses, clients: int, tasks: int, device: torch.device) -> Tensor:
+    """Per client and task, the sum of its losses over the steps, (clients, tasks), in float64. One accumulating
+    `index_put_` adds them in the order recorded (the CPU kernel accumulates serially), as one per step would."""
+    totals = torch.zeros(clients, tasks, dtype=torch.float64, device=device)
+    if recorded:
+        columns, rows, losses = (torch.cat(part) for part in zip(*recorded, strict=True))
+        totals.index_put_((rows, columns), losses.double(), accumulate=True)
+    return totals
 
 
 def _results(jobs: Sequence[ClientJob], order: list[int], params: Mapping[str, Tensor], tasks: list[str],
