@@ -278,6 +278,8 @@ class HostClient(HostModel, ClientProgram[HostParams]):
 
     def local_state(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, Tensor]:
         """The copy's local parameters kept in client state (empty before its first round)."""
+        if not ctx.state:  # a FedAvg client's, always: no need to list the model's keys
+            return {}
         prefix = copy.state_prefix
         keys = self.local_keys(state_keys(copy.model))
         return {k: ctx.state[prefix + k] for k in keys if prefix + k in ctx.state}
