@@ -28,7 +28,8 @@ from manytask.errors import ManytaskError
 from manytask.methods.base import Metrics
 
 LOG = logging.getLogger(__name__)
-PULL_INTERVAL = 0.2  # the longest wait between polls for replies (Grid.send_and_receive sleeps 3 s in deployment)
+PULL_INTERVAL = 0.2  # s between polls while SuperNodes connect; the longest between polls for replies
+# (Grid.send_and_receive sleeps 3 s in deployment)
 SHORTEST_PULL_WAIT = 0.001  # seconds; a round's waits between polls grow with its age (`pull_wait`)
 PULL_WAIT_SHARE = 0.05  # of the round's age so far: a reply is picked up at most this share of the round late
 QUERY = "query"  # the handshake's message type (client_app's `@app.query()`)
