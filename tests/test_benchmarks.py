@@ -137,6 +137,23 @@ def test_digits_permuted_domains() -> None:
 # --- synthetic -------------------------------------------------------------------------------------------
 
 
+def test_digits_are_read_as_sklearn_loads_them_without_importing_it(monkeypatch) -> None:
+    """The images and labels read from scikit-learn's CSV are `load_digits()`'s, bit for bit; with the file out of
+    reach the loader asks scikit-learn, with the same result."""
+    import importlib.util
+
+    from sklearn.datasets import load_digits
+
+    from manytask.benchmarks import digits as module
+
+    expected = load_digits()
+    images, labels = module.load_images()
+    assert np.array_equal(images, (expected.images / 16.0).astype(np.float32)[:, None])
+    assert np.array_equal(labels, expected.target) and labels.dtype == np.int64
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert np.array_equal(module.digits_table(), np.column_stack([expected.data, expected.target]))
+
+
 def test_synthetic_shapes_and_groups() -> None:
     bench = build_benchmark("synthetic", {"num_tasks": 5, "num_groups": 3, "dim": 8}, seed=0)
     assert bench.task_names == [f"task{i}" for i in range(5)]

@@ -6,7 +6,6 @@ import random
 
 import numpy as np
 import torch
-from mnist1d.data import get_dataset_args, make_dataset
 from pydantic import Field
 
 from manytask.benchmarks.base import Benchmark
@@ -22,6 +21,8 @@ class Mnist1dParams(Params):
 
 def generate(num_samples: int, seed: int) -> dict[str, np.ndarray]:
     """Run mnist1d's generator (never its downloader), restoring the global RNG state it reseeds."""
+    from mnist1d.data import get_dataset_args, make_dataset  # here: it imports matplotlib.pyplot (0.45 s)
+
     args = get_dataset_args()
     args.num_samples = num_samples
     args.seed = derive_seed(seed, "mnist1d") % 2**32

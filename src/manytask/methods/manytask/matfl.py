@@ -12,7 +12,6 @@ from typing import ClassVar
 import numpy as np
 import torch
 from pydantic import Field
-from sklearn.cluster import AgglomerativeClustering
 from torch import Tensor
 
 from manytask.client.trainer import TaskData, evaluate
@@ -47,6 +46,8 @@ def group_clients(similarity: Tensor, threshold: float) -> list[list[int]]:
         return [[0]]
     distance = (1 - similarity.double()).clamp_min(0).numpy()
     np.fill_diagonal(distance, 0.0)
+    from sklearn.cluster import AgglomerativeClustering  # here: importing sklearn slows every start-up
+
     labels = AgglomerativeClustering(
         n_clusters=None, metric="precomputed", linkage="average", distance_threshold=1 - threshold
     ).fit_predict(distance)

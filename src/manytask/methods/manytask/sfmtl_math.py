@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
-import networkx as nx
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -139,6 +138,8 @@ def random_graph(n: int, generator: torch.Generator) -> Tensor:
 def communities(weights: Tensor, seed: int, resolution: float = 1.0) -> list[list[int]]:
     """Step 4: Louvain communities maximizing weighted modularity (networkx's implementation), seeded; each
     community sorted, communities ordered by their smallest member."""
+    import networkx as nx  # here: every process that imports the methods would pay for it otherwise
+
     graph = nx.Graph()
     graph.add_nodes_from(range(len(weights)))
     rows = weights.tolist()  # the same float values as float(weights[i, j]), without a tensor index per pair
