@@ -34,6 +34,18 @@ def test_bench_prints_and_writes_its_ratios(tmp_path):
     assert "speed-up" in result.output and figures["machine"]["torch"]
 
 
+def test_only_measures_the_parts_asked_for_and_names_the_valid_ones(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["bench", "--out", str(tmp_path / "b.json"), "--only", "matu", "--only", "sfmtl",
+                                 "--matu-d", "1000", "--sfmtl-clients", "20"])
+    assert result.exit_code == 0, result.output
+    assert set(json.loads((tmp_path / "b.json").read_text())) == {"machine", "matu_server_step", "sfmtl_graph"}
+    assert "MaTU's server step" in result.output and "engine overhead" not in result.output
+    result = runner.invoke(app, ["bench", "--out", str(tmp_path / "c.json"), "--only", "gpu"])
+    assert result.exit_code != 0 and "unknown bench part 'gpu'" in result.output and "flower" in result.output
+    assert not (tmp_path / "c.json").exists()
+
+
 def test_interleaved_runs_take_turns_and_report_their_fastest_block(monkeypatch):
     from manytask import bench
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from manytask.config import RunConfig, validate
 from manytask.engine.local import local_engine
 from manytask.engine.loop import RoundLoop
 from manytask.engine.pool import ProcessPoolTransport
+from manytask.errors import unknown_choice
 from manytask.experiment import Experiment
 from manytask.rundir import RunDir
 from manytask.seeding import derive_seed
@@ -291,14 +292,91 @@ def flower_installed() -> bool:
     return importlib.util.find_spec("flwr") is not None
 
 
+PARTS = ("engine", "workers", "memory", "matu", "sfmtl", "flower")  # what `--only` can pick
+
+
 def run_bench(
-    out: Path, rounds: int = 5, flower: bool = True, matu_d: int = 10_000_000, sfmtl_clients: int = 1000
+    out: Path, rounds: int = 5, flower: bool = True, matu_d: int = 10_000_000, sfmtl_clients: int = 1000,
+    only: Collection[str] = PARTS,
 ) -> dict[str, Any]:
-    """Every ratio, printed by the caller and written to `out` as JSON; Flower's only where it is installed."""
-    results = {"machine": machine(), "engine_overhead": engine_overhead(rounds=rounds),
-               "parallel_clients": parallel_speedup(rounds=rounds), "peak_memory": peak_memory(),
-               "matu_server_step": matu_server_step(d=matu_d), "sfmtl_graph": sfmtl_graph(clients=sfmtl_clients)}
-    if flower and flower_installed():
-        results["flower_simulation"] = flower_ratio(rounds=rounds)
+    """The ratios of the parts in `only` (all by default), printed by the caller and written to `out` as JSON;
+    Flower's only where it is installed and `flower` holds."""
+    unknown = sorted(set(only) - set(PARTS))
+    if unknown:
+        raise unknown_choice("bench part", unknown[0], PARTS)
+    measures: dict[str, tuple[str, Callable[[], Any]]] = {
+        "engine_overhead": ("engine", lambda: engine_overhead(rounds=rounds)),
+        "parallel_clients": ("workers", lambda: parallel_speedup(rounds=rounds)),
+        "peak_memory": ("memory", peak_memory),
+        "matu_server_step": ("matu", lambda: matu_server_step(d=matu_d)),
+        "sfmtl_graph": ("sfmtl", lambda: sfmtl_graph(clients=sfmtl_clients)),
+        "flower_simulation": ("flower", lambda: flower_ratio(rounds=rounds)),
+    }
+    wanted = {part for part in only if part != "flower" or (flower and flower_installed())}
+    results = {"machine": machine()}
+    results.update({key: measure() for key, (part, measure) in measures.items() if part in wanted})
     out.write_text(json.dumps(results, indent=2))
     return results
+
+
+BenchTable = tuple[list[str], list[list[str]], str]  # headers, rows, title
+
+
+def _engine_table(rows: list[dict]) -> BenchTable:
+    return (
+        ["clients", "local engine s/round", "vectorized s/round", "bare loop s/round", "bare, PlainSGD s/round",
+         "engine / bare", "engine / bare (PlainSGD)", "bare / vectorized"],
+        [[str(r["clients"]), f"{r['engine_s_per_round']:.4f}", f"{r['vectorized_s_per_round']:.4f}",
+          f"{r['bare_s_per_round']:.4f}", f"{r['bare_plain_sgd_s_per_round']:.4f}", f"{r['ratio']:.2f}",
+          f"{r['ratio_plain_sgd']:.2f}", f"{r['vectorized_speedup']:.2f}"] for r in rows],
+        "engine overhead (FedAvg, digits-tasks, MLP [64], 1 thread)")
+
+
+def _workers_table(par: dict) -> BenchTable:
+    return (
+        ["workers", "1 process s/round", f"{par['workers']} workers s/round", "speed-up"],
+        [[str(par["workers"]), f"{par['one_process_s_per_round']:.4f}", f"{par['workers_s_per_round']:.4f}",
+          f"{par['speedup']:.2f}"]],
+        "parallel clients (FedAvg, 20 clients, MLP [256, 256], 4 local epochs, same numbers)")
+
+
+def _memory_table(runs: list[dict]) -> BenchTable:
+    return (
+        ["registered clients", "participation", "peak resident MB"],
+        [[str(m["clients"]), f"{m['participation']:.0%}", f"{m['peak_rss_mb']:.0f}"] for m in runs],
+        "memory (FedAvg on synthetic, 5 rounds, a whole run in a fresh process)")
+
+
+def _matu_table(matu: dict) -> BenchTable:
+    return (
+        ["d", "tasks", "server step s", "one pass s", "step / pass"],
+        [[f"{matu['d']:,}", str(matu["tasks"]), f"{matu['server_step_s']:.2f}", f"{matu['one_pass_s']:.3f}",
+          f"{matu['ratio']:.0f}"]],
+        "MaTU's server step against one pass over its uploads' memory")
+
+
+def _sfmtl_table(graph: dict) -> BenchTable:
+    return (
+        ["clients", "similarity graph s", "Louvain s"],
+        [[str(graph["clients"]), f"{graph['graph_s']:.2f}", f"{graph['louvain_s']:.2f}"]],
+        "SFMTL-Graph's server step")
+
+
+def _flower_table(sim: dict) -> BenchTable:
+    return (
+        ["clients", "local s/round", "local vectorized s/round", "Flower simulation s/round", "Flower / local",
+         "Flower / vectorized"],
+        [[str(sim["clients"]), f"{sim['local_s_per_round']:.4f}", f"{sim['vectorized_s_per_round']:.4f}",
+          f"{sim['flower_sim_s_per_round']:.4f}", f"{sim['ratio']:.1f}", f"{sim['vectorized_ratio']:.1f}"]],
+        "the local engine against Flower's simulation (same workload, same numbers)")
+
+
+TABLES: dict[str, Callable[[Any], BenchTable]] = {  # the printed tables, in order, by their part's JSON key
+    "engine_overhead": _engine_table, "parallel_clients": _workers_table, "peak_memory": _memory_table,
+    "matu_server_step": _matu_table, "sfmtl_graph": _sfmtl_table, "flower_simulation": _flower_table,
+}
+
+
+def tables(results: Mapping[str, Any]) -> list[BenchTable]:
+    """The terminal's tables of the parts `results` holds."""
+    return [table(results[key]) for key, table in TABLES.items() if key in results]

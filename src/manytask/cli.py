@@ -140,53 +140,20 @@ def bench(
     flower: Annotated[bool, typer.Option("--flower/--no-flower", help="also time Flower's simulation")] = True,
     matu_d: Annotated[int, typer.Option("--matu-d", min=1, help="entries of MaTU's unified vector")] = 10_000_000,
     sfmtl_clients: Annotated[int, typer.Option("--sfmtl-clients", min=2, help="SFMTL-Graph's participants")] = 1000,
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", help="measure only this part (repeatable): engine, workers, memory, matu, sfmtl, flower")] = None,
 ) -> None:
     """Measure the speed ratios on this machine, side by side (docs/performance.md): the local engine, sequential
     and vectorized, against a bare PyTorch loop doing the same SGD steps, at 30 and 100 clients; two worker processes
     against one; peak memory at 1 000 and 10 000 clients; MaTU's and SFMTL-Graph's server steps; Flower's simulation
     against the local engine (when Flower is installed)."""
-    from manytask.bench import run_bench
+    from manytask.bench import PARTS, run_bench, tables
     from manytask.report import rich_table
 
     def body() -> None:
-        results = run_bench(out, rounds, flower, matu_d, sfmtl_clients)
-        rows = [[str(r["clients"]), f"{r['engine_s_per_round']:.4f}", f"{r['vectorized_s_per_round']:.4f}",
-                 f"{r['bare_s_per_round']:.4f}", f"{r['bare_plain_sgd_s_per_round']:.4f}", f"{r['ratio']:.2f}",
-                 f"{r['ratio_plain_sgd']:.2f}", f"{r['vectorized_speedup']:.2f}"]
-                for r in results["engine_overhead"]]
-        headers = ["clients", "local engine s/round", "vectorized s/round", "bare loop s/round",
-                   "bare, PlainSGD s/round", "engine / bare", "engine / bare (PlainSGD)", "bare / vectorized"]
-        out_console.print(rich_table(headers, rows, "engine overhead (FedAvg, digits-tasks, MLP [64], 1 thread)"))
-        par = results["parallel_clients"]
-        out_console.print(rich_table(
-            ["workers", "1 process s/round", f"{par['workers']} workers s/round", "speed-up"],
-            [[str(par["workers"]), f"{par['one_process_s_per_round']:.4f}", f"{par['workers_s_per_round']:.4f}",
-              f"{par['speedup']:.2f}"]],
-            "parallel clients (FedAvg, 20 clients, MLP [256, 256], 4 local epochs, same numbers)"))
-        out_console.print(rich_table(
-            ["registered clients", "participation", "peak resident MB"],
-            [[str(m["clients"]), f"{m['participation']:.0%}", f"{m['peak_rss_mb']:.0f}"]
-             for m in results["peak_memory"]],
-            "memory (FedAvg on synthetic, 5 rounds, a whole run in a fresh process)"))
-        matu = results["matu_server_step"]
-        out_console.print(rich_table(
-            ["d", "tasks", "server step s", "one pass s", "step / pass"],
-            [[f"{matu['d']:,}", str(matu["tasks"]), f"{matu['server_step_s']:.2f}", f"{matu['one_pass_s']:.3f}",
-              f"{matu['ratio']:.0f}"]],
-            "MaTU's server step against one pass over its uploads' memory"))
-        graph = results["sfmtl_graph"]
-        out_console.print(rich_table(
-            ["clients", "similarity graph s", "Louvain s"],
-            [[str(graph["clients"]), f"{graph['graph_s']:.2f}", f"{graph['louvain_s']:.2f}"]],
-            "SFMTL-Graph's server step"))
-        if "flower_simulation" in results:
-            sim = results["flower_simulation"]
-            out_console.print(rich_table(
-                ["clients", "local s/round", "local vectorized s/round", "Flower simulation s/round",
-                 "Flower / local", "Flower / vectorized"],
-                [[str(sim["clients"]), f"{sim['local_s_per_round']:.4f}", f"{sim['vectorized_s_per_round']:.4f}",
-                  f"{sim['flower_sim_s_per_round']:.4f}", f"{sim['ratio']:.1f}", f"{sim['vectorized_ratio']:.1f}"]],
-                "the local engine against Flower's simulation (same workload, same numbers)"))
+        results = run_bench(out, rounds, flower, matu_d, sfmtl_clients, only or PARTS)
+        for headers, rows, title in tables(results):
+            out_console.print(rich_table(headers, rows, title))
         out_console.print(f"machine: {results['machine']['processor']}, {results['machine']['platform']}; "
                           f"figures: {out}")
 
