@@ -44,10 +44,17 @@ def _benchmark_once(config: RunConfig) -> Benchmark:
     return _BUILT[key]
 
 
+@pytest.fixture(scope="module")
+def fresh_cache(tmp_path_factory) -> Path:
+    """A cache empty at the first config, as on a clean clone, then shared: the configs of FL + TaLoS's table ask
+    for the same pretrained backbone, which the first one builds (one epoch of a ViT: about 9 s here)."""
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.mark.parametrize("path", OFFLINE_CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
-def test_shipped_configs_validate_and_build(path, monkeypatch, tmp_path):
+def test_shipped_configs_validate_and_build(path, monkeypatch, fresh_cache):
     monkeypatch.setattr(manytask.run, "make_benchmark", _benchmark_once)
-    monkeypatch.setenv("MANYTASK_CACHE", str(tmp_path))  # a fresh cache, as on a clean clone
+    monkeypatch.setenv("MANYTASK_CACHE", str(fresh_cache))
     data = load_yaml(path)
     model = data.get("model", {})
     if model.get("pretrained"):  # the build pretrains for real, one epoch: 30 of a ViT took over 6 minutes here

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from manytask.config import validate
+from manytask.run import run_config
 from tests.conftest import small_config_dict
 from tests.flower_support import needs_netns, run_in_netns
 
@@ -14,12 +16,13 @@ pytestmark = [pytest.mark.slow, needs_netns]
 
 
 def run_local_and_sim(tmp_path: Path, config: dict) -> tuple[Path, Path]:
-    """Run one config on the local engine and on Flower's simulation; return the two run directories."""
+    """Run one config on the local engine (in this process) and on Flower's simulation (through the CLI, in a
+    network namespace of its own); return the two run directories."""
+    run_config(validate(config), tmp_path / "local")
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
-    for engine in ("local", "flower-sim"):
-        done = run_in_netns("run", str(path), f"engine={engine}", "--out", str(tmp_path / engine), "--quiet")
-        assert done.returncode == 0, done.stderr[-3000:]
+    done = run_in_netns("run", str(path), "engine=flower-sim", "--out", str(tmp_path / "flower-sim"), "--quiet")
+    assert done.returncode == 0, done.stderr[-3000:]
     return tmp_path / "local", tmp_path / "flower-sim"
 
 
