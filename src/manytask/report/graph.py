@@ -15,7 +15,6 @@ from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from sklearn.metrics import adjusted_rand_score
 
 from manytask.errors import ManytaskError
 from manytask.metric_names import COMMUNITIES, COMMUNITY_PREFIX, GRAPH_PREFIX
@@ -86,6 +85,8 @@ def _ari(community: dict[int, int], groups: dict[int, Any]) -> float | None:
     clients = [client for client in community if client in groups]
     if not clients:
         return None
+    from sklearn.metrics import adjusted_rand_score  # here: importing sklearn slows every `manytask run`
+
     return float(adjusted_rand_score([groups[c] for c in clients], [community[c] for c in clients]))
 
 

@@ -11,8 +11,6 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
-from sklearn.cluster import AgglomerativeClustering
-from sklearn.metrics import adjusted_rand_score
 
 from manytask.metric_names import SIMILARITY_PREFIX
 from manytask.report.runs import (
@@ -209,6 +207,10 @@ def similarity_ari(record: RunRecord) -> float | None:
     distance = 1 - np.asarray(values, dtype=float)
     np.fill_diagonal(distance, 0.0)
     truth = [groups[t] for t in tasks]
+    # imported here: only runs with task groups need sklearn, and importing it slows every `manytask run`
+    from sklearn.cluster import AgglomerativeClustering
+    from sklearn.metrics import adjusted_rand_score
+
     labels = AgglomerativeClustering(
         n_clusters=len(set(truth)), metric="precomputed", linkage="average"
     ).fit_predict(distance)
