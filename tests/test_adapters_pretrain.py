@@ -2,7 +2,9 @@
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
+from manytask import pretrain
 from manytask.benchmarks import build_benchmark
 from manytask.errors import ManytaskError
 from manytask.models import build_model, trainable_state
@@ -94,6 +96,26 @@ def test_pretraining_is_cached_deterministic_and_needs_a_source(tmp_path, monkey
     plain = build_benchmark("digits-tasks", {"tasks": ["digit"]}, seed=0)
     with pytest.raises(ManytaskError, match="has no pretraining source"):
         pretrained_backbone(plain, "mlp", {"hidden": [16]}, params, seed=0)
+
+
+def test_two_processes_pretraining_one_backbone_at_once_both_finish(tmp_path, monkeypatch):
+    """Parallel runs (or tests) may pretrain the same backbone at once. Here a second writer runs whole between the
+    first one's write and its swap: each writes a temporary file of its own, so both finish with the same file."""
+    monkeypatch.setenv("MANYTASK_CACHE", str(tmp_path))
+    bench = build_benchmark("digits-tasks", {"tasks": ["digit", "parity"], "holdout": 0.3}, seed=0)
+    args = (bench, "mlp", {"hidden": [16]}, PretrainParams(epochs=1))
+    writes = []
+
+    def save_then_let_another_writer_run(state, name, metadata):
+        save_file(state, name, metadata=metadata)
+        writes.append(name)
+        if len(writes) == 1:
+            pretrained_backbone(*args, seed=0)
+
+    monkeypatch.setattr(pretrain, "save_file", save_then_let_another_writer_run)
+    path = pretrained_backbone(*args, seed=0).path
+    assert len(set(writes)) == 2 and [p.name for p in tmp_path.rglob("*") if p.is_file()] == [path.name]
+    assert "held out from every task" in pretrained_backbone(*args, seed=0).description
 
 
 def test_holdout_images_are_in_no_task():

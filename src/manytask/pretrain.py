@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -94,9 +95,11 @@ def _train_and_save(
         f"source test accuracy {accuracy:.1%}; {time.perf_counter() - began:.1f} s"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     state = {k: v.contiguous() for k, v in model.backbone.state_dict().items()}
-    save_file(state, str(tmp), metadata={"description": description})
+    # a temporary file of this writer's own: parallel runs may pretrain the same backbone at once
+    handle, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    save_file(state, tmp, metadata={"description": description})
     os.replace(tmp, path)
 
 
