@@ -1,5 +1,7 @@
 """LoRA adapters on the small backbones, and the cached pretraining."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -117,6 +119,19 @@ def test_two_processes_pretraining_one_backbone_at_once_both_finish(tmp_path, mo
     assert len(set(writes)) == 2 and [p.name for p in tmp_path.rglob("*") if p.is_file()] == [path.name]
     assert "held out from every task" in pretrained_backbone(*args, seed=0).description
 
+
+def test_an_interrupted_cache_write_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("MANYTASK_CACHE", str(tmp_path))
+    bench = build_benchmark("digits-tasks", {"tasks": ["digit", "parity"], "holdout": 0.3}, seed=0)
+
+    def half_written(state, name, metadata):
+        Path(name).write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pretrain, "save_file", half_written)
+    with pytest.raises(KeyboardInterrupt):
+        pretrained_backbone(bench, "mlp", {"hidden": [16]}, PretrainParams(epochs=1), seed=0)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 def test_holdout_images_are_in_no_task():
     bench = build_benchmark("digits-tasks", {"tasks": ["digit", "rotated"], "holdout": 0.3}, seed=0)

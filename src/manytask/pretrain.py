@@ -99,8 +99,11 @@ def _train_and_save(
     # a temporary file of this writer's own: parallel runs may pretrain the same backbone at once
     handle, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     os.close(handle)
-    save_file(state, tmp, metadata={"description": description})
-    os.replace(tmp, path)
+    try:
+        save_file(state, tmp, metadata={"description": description})
+        os.replace(tmp, path)
+    finally:  # an interrupted write leaves nothing behind
+        Path(tmp).unlink(missing_ok=True)
 
 
 def _fingerprint(*tensors: Tensor) -> str:
