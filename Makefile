@@ -18,9 +18,9 @@ $(VENV)/.installed: pyproject.toml
 run: setup  ## the default job (or: make run ARGS="configs/x.yaml rounds=5")
 	$(BIN)/manytask run $(ARGS)
 
-test: setup  ## lint + the whole test suite (slow end-to-end tests included)
+test: setup  ## lint + the whole test suite (slow end-to-end tests included), over up to 4 processes
 	$(BIN)/ruff check src tests scripts
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --numprocesses auto --maxprocesses 4
 
 lint: setup
 	$(BIN)/ruff check src tests scripts

@@ -1,12 +1,32 @@
-"""Shared fixtures: a small, fast config on the digits benchmark."""
+"""Shared fixtures: a small, fast config on the digits benchmark; how `make test` spreads the tests over processes."""
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
 
 from manytask.config import RunConfig, validate
+
+# Flower's runs (Ray for the simulations, SuperLinks and SuperNodes on loopback ports for the deployments) take
+# turns in one worker process: two of them side by side would contend for ports and cores, and the deployments'
+# round timeouts assume a round has the machine to itself.
+FLOWER_FILES = frozenset({"test_flower_simulation.py", "test_flower_deployment.py"})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `pytest -n N` (pytest-xdist): Flower's tests are one unit of work, which goes first as the largest
+    (about half of the suite's time); every other test is a unit of its own. (xdist's `--dist loadgroup` does the
+    same from markers, but does not work with pytest 9.2's node ids.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FlowerTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "flower" if PurePosixPath(nodeid.split("::")[0]).name in FLOWER_FILES else nodeid
+
+    return FlowerTogether(config, log)
 
 
 def small_config_dict(**overrides: Any) -> dict[str, Any]:
