@@ -1,12 +1,12 @@
-"""Hand-computed checks of MaTU's math (`manytask.methods.manytask.matu_math`, spec `specs/matu.md`)."""
+"""Hand-computed checks of MaTU's math (`methods/manytask/matu_math.py`, `matu_aggregate.py`; spec `specs/matu.md`)."""
 
 import pytest
 import torch
 
+from manytask.methods.manytask.matu_aggregate import aggregate
 from manytask.methods.manytask.matu_math import (
     CROSS_TASK_MODES,
     DEFAULT_KAPPA,
-    aggregate,
     agreement,
     agreement_mask,
     combine,

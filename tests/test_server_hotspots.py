@@ -1,11 +1,12 @@
 """The vectorized server hot spots equal the straightforward implementations they replaced, bit for bit.
 
-`matu_math.aggregate` (blocked over d, tasks batched) and `task_similarity` (blocked sign counts) against the original
-task-by-task, whole-d loop; `sfmtl_math.similarity_graph` (all pairs at once) and `communities` (graph built from one
-`tolist`) against the original pair loop. The references below are the replaced code, kept here verbatim in substance.
-Equality is checked on the bit patterns (so even the sign of zeros and NaN payloads must agree), on random inputs that
-reach every branch: one and many holders (sums over ≥ 16 rows use torch's cascade order), padded and grouped
-neighbour batches, non-finite uploads, float64 / bfloat16 uploads, d across the block, span and sign-buffer borders.
+`matu_aggregate.aggregate` (blocked over d, tasks batched) and `task_similarity` (blocked sign counts) against the
+original task-by-task, whole-d loop; `sfmtl_math.similarity_graph` (all pairs at once) and `communities` (graph built
+from one `tolist`) against the original pair loop. The references below are the replaced code, kept here verbatim in
+substance. Equality is checked on the bit patterns (so even the sign of zeros and NaN payloads must agree), on random
+inputs that reach every branch: one and many holders (sums over ≥ 16 rows use torch's cascade order), padded and
+grouped neighbour batches, non-finite uploads, float64 / bfloat16 uploads, d across the block, span and sign-buffer
+borders.
 """
 
 import random
@@ -15,7 +16,8 @@ import pytest
 import torch
 
 from manytask.methods.manytask import sfmtl_math
-from manytask.methods.manytask.matu_math import CROSS_TASK_MODES, aggregate, neighbours, task_similarity
+from manytask.methods.manytask.matu_aggregate import aggregate
+from manytask.methods.manytask.matu_math import CROSS_TASK_MODES, neighbours, task_similarity
 from manytask.methods.manytask.sfmtl_math import (
     anchor_similarity,
     communities,

@@ -249,9 +249,9 @@ def machine() -> dict[str, Any]:
 
 
 def matu_server_step(d: int = 10_000_000, tasks: int = 30) -> dict[str, float]:
-    """MaTU's server step (`matu_math.aggregate`) over one upload per task of a d-entry unified vector, against one
+    """MaTU's server step (`matu_aggregate.aggregate`) over one upload per task of a d-entry unified vector, against one
     pass over the same memory (summing the uploads): how far the server math is from memory-bound."""
-    from manytask.methods.manytask.matu_math import aggregate
+    from manytask.methods.manytask.matu_aggregate import aggregate
 
     generator = torch.Generator().manual_seed(0)
     uploads = []

@@ -4,8 +4,8 @@ Clients train one adapter copy per held task, unify the task vectors into one ve
 rescaler per task, and upload those (masks as packed bits). The server keeps ONE vector per task (never per
 client): it aggregates same-task contributions under agreement masks, adds similar tasks' vectors (sign
 similarity, top-κ above ε), and sends each client the unification of its tasks' vectors. `unify: false` is an
-ablation that sends every task's vector as it is, both ways. The math lives in `matu_math` as pure functions; this
-module only moves data in and out of it.
+ablation that sends every task's vector as it is, both ways. The math lives in `matu_math` and `matu_aggregate` as
+pure functions; this module only moves data in and out of it.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from manytask.methods.common.wire import (
     counts_problem,
     task_sizes,
 )
+from manytask.methods.manytask.matu_aggregate import aggregate
 from manytask.methods.manytask.matu_math import (
     DEFAULT_EPS,
     DEFAULT_KAPPA,
     DEFAULT_RHO,
-    aggregate,
     reconstruct,
     task_similarity,
     unify,
