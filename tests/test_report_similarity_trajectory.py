@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from manytask.report import write_report
+from manytask.report.figures import _similarity_plots
 from manytask.report.plots import plot_similarity_trajectory, similarity_trajectory
-from manytask.report.report import _similarity_plots
 from manytask.report.runs import RunRecord
 from tests.test_report import PNG_MAGIC, make_run
 

@@ -2,37 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from manytask.metric_names import CLIENT_VIEW_PREFIX
-from manytask.report.affinity import plot_affinity_over_rounds
-from manytask.report.delta import delta_table, plot_delta_vs_round, resolve_base
-from manytask.report.graph import CommunitySummary, community_summary, plot_client_graph
-from manytask.report.masks import plot_mask_location
-from manytask.report.pictures import plot_prediction_grid
-from manytask.report.plots import (
-    plot_accuracy_vs_bits,
-    plot_accuracy_vs_round,
-    plot_similarity_heatmap,
-    plot_similarity_trajectory,
-    plot_task_curves,
-    plot_task_panels,
-    similarity_ari,
-)
-from manytask.report.plugins import plot_plugin_sweep, plugin_sweeps, plugin_table
+from manytask.report.delta import delta_table, resolve_base
+from manytask.report.figures import comparison_figures, run_figures
+from manytask.report.graph import CommunitySummary, community_summary
+from manytask.report.plugins import plugin_table
 from manytask.report.runs import (
     RunRecord,
     all_accuracy,
-    has_dense_tasks,
     is_comparison,
     load_run,
     load_runs,
     read_oracle,
     read_summary,
 )
-from manytask.report.seeds import NOISE_NOTE, plot_seed_bands, seed_table
+from manytask.report.seeds import NOISE_NOTE, seed_table
 from manytask.report.tables import (
     MISSING,
     comparison_rows,
@@ -201,29 +189,6 @@ def _image(title: str, path: Path, root: Path) -> str:
     return f"{title}:\n\n![{title}]({path.relative_to(root).as_posix()})\n"
 
 
-def _average_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
-    """Draw the average-by-round and average-by-bits plots into `folder`; return (title, path) pairs."""
-    return [
-        ("Average accuracy by round", plot_accuracy_vs_round(records, folder / "accuracy_vs_round.png")),
-        ("Average accuracy by bits", plot_accuracy_vs_bits(records, folder / "accuracy_vs_bits.png")),
-    ]
-
-
-def _curve_plots(
-    records: list[RunRecord], folder: Path, base: RunRecord | None = None
-) -> list[tuple[str, Path]]:
-    """Curves by round. Dense tasks' metrics differ in scale and direction, so their runs get one panel per task
-    and Δ% against the base instead of an average of unlike numbers."""
-    if not any(has_dense_tasks(record) for record in records):
-        single = [("Per-task metric by round", plot_task_curves(records[0], folder / "task_curves.png"))]
-        return [*_average_plots(records, folder), *(single if len(records) == 1 else [])]
-    plots = [("Per-task metric by round", plot_task_panels(records, folder / "task_panels.png"))]
-    if base is not None and len(records) > 1:
-        plots.append((f"Δ% against {base.label} by round",
-                      plot_delta_vs_round(records, base, folder / "delta_vs_round.png")))
-    return plots
-
-
 FAILED_SHOWN = 10  # clients listed by name in a report; the rest are counted
 
 
@@ -262,14 +227,7 @@ def _single_report(
 ) -> str:
     """The full report of one run, writing its plots under plots/."""
     root = record.path
-    images = [
-        *_curve_plots([record], root / PLOTS),
-        *_similarity_plots([record], root / PLOTS),
-        *_graph_plots([record], root / PLOTS, graph_rounds),
-        *_prediction_grids([record], root / PLOTS),
-        *_mask_plots([record], root / PLOTS),
-        *_affinity_plots([record], root / PLOTS),
-    ]
+    images = run_figures(record, root / PLOTS, graph_rounds)
     return "\n".join([
         f"# Run report: {record.label}\n",
         *_stopped_note(record),
@@ -295,43 +253,6 @@ def _delta_section(records: list[RunRecord], base: RunRecord) -> list[str]:
             "Δ% = mean over tasks of s_t·(M_t − M_t^base)/M_t^base × 100; s_t = +1 where higher is better (↑), −1 "
             "where lower is (↓).\n",
             markdown_table(*delta_table(records, base))]
-
-
-def _sweep_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
-    """Δ% against the host by the value of a swept plug-in parameter (e.g. DEA's ρ)."""
-    return [(f"{plugin}: Δ% by {param}",
-             plot_plugin_sweep(plugin, param, sweep, folder / f"sweep_{plugin}_{param}.png"))
-            for (plugin, param), sweep in plugin_sweeps(records).items()]
-
-
-def _per_run_plots(
-    records: list[RunRecord], folder: Path, name: str, plot: Callable[[RunRecord, Path], Path | None], title: str
-) -> list[tuple[str, Path]]:
-    """One plot per run that has what `plot` draws (it returns None for the others)."""
-    plots = []
-    for record in records:
-        path = plot(record, folder / f"{name}_{record.label}.png")
-        if path is not None:
-            plots.append((f"{title} ({record.label})", path))
-    return plots
-
-
-def _prediction_grids(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
-    """Input, truth and prediction of each dense task on a few test images, for every run that kept them."""
-    return _per_run_plots(records, folder, "predictions", plot_prediction_grid,
-                          "Test images: truth and prediction per task")
-
-
-def _mask_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
-    """Where each TaLoS run's mask lands: the fraction trainable per block and parameter."""
-    return _per_run_plots(records, folder, "mask_location", plot_mask_location,
-                          "Where the mask lands: fraction trainable per block and parameter")
-
-
-def _affinity_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
-    """Lookahead inter-task affinity over rounds, for every run that measured it (MAS, TAG)."""
-    return _per_run_plots(records, folder, "affinity", plot_affinity_over_rounds,
-                          "Inter-task affinity over rounds (MAS Fig. 7)")
 
 
 def _run_section(record: RunRecord) -> str:
@@ -361,16 +282,7 @@ def _comparison_report(
     base_name = base or reference or (records[0].label if records else None)
     # Over seeds, Δ% is taken seed by seed in the seeds' table, never against one seed's run
     base_record = None if base_name is None or seeds else resolve_base(records, base_name)
-    images = [
-        *_seed_plots(records, root / PLOTS),
-        *_curve_plots(records, root / PLOTS, base_record),
-        *_similarity_plots(records, root / PLOTS),
-        *_graph_plots(records, root / PLOTS, graph_rounds),
-        *_sweep_plots(records, root / PLOTS),
-        *_prediction_grids(records, root / PLOTS),
-        *_mask_plots(records, root / PLOTS),
-        *_affinity_plots(records, root / PLOTS),
-    ]
+    images = comparison_figures(records, root / PLOTS, base_record, graph_rounds)
     return "\n".join([
         "# Comparison report\n",
         _bullets([
@@ -422,11 +334,6 @@ def _seed_section(records: list[RunRecord], base: str | None) -> list[str]:
     return [] if table is None else ["## Over seeds\n", markdown_table(*table), f"{NOISE_NOTE}\n"]
 
 
-def _seed_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
-    path = plot_seed_bands(records, folder / "seeds_accuracy_vs_round.png")
-    return [] if path is None else [("Average by round, mean ± std over seeds", path)]
-
-
 def _footnote(text: str | None) -> list[str]:
     """A note under a table, when there is one."""
     return [] if text is None else [f"{text}\n"]
@@ -440,33 +347,6 @@ def _plugin_section(records: list[RunRecord]) -> list[str]:
     return ["## Plug-ins against their hosts\n",
             "Δ% = mean over tasks of ±(metric − host's metric) / host's metric × 100 (+ where higher is better).\n",
             markdown_table(*table)]
-
-
-def _similarity_plots(records: list[RunRecord], folder: Path) -> list[tuple[str, Path]]:
-    """For every run that logged task similarity (MaTU): the final heatmap, titled with the adjusted Rand index
-    against the true task groups where the benchmark has them, and the off-diagonal similarity over rounds."""
-    plots = []
-    for record in records:
-        path = plot_similarity_heatmap(record, folder / f"task_similarity_{record.label}.png")
-        if path is not None:
-            ari = similarity_ari(record)
-            note = "" if ari is None else f"; adjusted Rand index vs the true task groups: {ari:.2f}"
-            plots.append((f"Task similarity ({record.label}{note})", path))
-        path = plot_similarity_trajectory(record, folder / f"task_similarity_rounds_{record.label}.png")
-        if path is not None:
-            plots.append((f"Task similarity over rounds ({record.label})", path))
-    return plots
-
-
-def _graph_plots(records: list[RunRecord], folder: Path, rounds: Sequence[int] | None) -> list[tuple[str, Path]]:
-    """The client-graph panels for every run that logged communities (SFMTL-Graph) at `rounds` (default: first,
-    middle and last)."""
-    plots = []
-    for record in records:
-        path = plot_client_graph(record, folder / f"client_graph_{record.label}.png", rounds)
-        if path is not None:
-            plots.append((f"Client graph by community ({record.label})", path))
-    return plots
 
 
 def write_report(run_dir: str | Path, graph_rounds: Sequence[int] | None = None, base: str | None = None) -> Path:
