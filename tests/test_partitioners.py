@@ -31,6 +31,7 @@ from manytask.federation.partition import (
     label_shard_partition,
 )
 from manytask.registry import Params
+from manytask.rundir import RunDir
 from manytask.seeding import numpy_rng
 from manytask.tasks.task import Task, TaskKind, TaskSpec
 
@@ -327,10 +328,14 @@ def test_build_federation_errors(clients: int, tasks: dict, samples: dict, match
         build_federation(toy_benchmark(), clients, tasks, samples, seed=0)
 
 
-def test_federation_json_round_trip() -> None:
+def test_federation_json_round_trip(tmp_path) -> None:
     bench = toy_benchmark()
     fed = build_federation(bench, 7, {"kind": "dirichlet", "zeta": 0.5}, {"kind": "dirichlet"}, seed=1)
-    back = Federation.from_json(json.loads(json.dumps(fed.to_json())))
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.start("", fed.to_json())
+    text = run_dir.federation.read_text()
+    assert text.count("\n") == 1 and " " not in text  # not indented: that puts every sample index on a line
+    back = Federation.from_json(json.loads(text))
     assert back.sizes() == fed.sizes()
     assert all(back.holders(t) == fed.holders(t) for t in bench.task_names)
     for client in range(fed.num_clients):

@@ -74,7 +74,7 @@ def resume(out: Path, observer: RoundObserver | None = None, stop_after: int | N
         if not member.config.is_file():  # `start` clears a temporary left alone there; others wait for the loop
             member.start(to_yaml(exp.config), exp.federation.to_json())
         elif not member.federation.is_file():
-            member.write_json(member.federation, exp.federation.to_json())
+            member.write_federation(exp.federation.to_json())
     return _execute(config, experiments, out, observer, stop_after)
 
 

@@ -63,7 +63,7 @@ class RunDir:
         """Create a new run directory with its resolved config and federation."""
         self.create()
         self.write_text(self.config, config_yaml)
-        self.write_json(self.federation, federation)
+        self.write_federation(federation)
 
     def is_finished(self) -> bool:
         """A summary exists and is not that of a run stopped by a failed round (which can be resumed)."""
@@ -81,6 +81,12 @@ class RunDir:
 
     def write_json(self, path: Path, data: Any) -> None:
         self.write_text(path, json.dumps(data, indent=2) + "\n")
+
+    def write_federation(self, federation: dict[str, Any]) -> None:
+        """federation.json, without indentation: it lists every sample index of every client, and indented JSON
+        puts each index on a line of its own (100 MB for a million clients, against 40) and is written by json's
+        pure-Python encoder (4.6 s there, against 0.7)."""
+        self.write_text(self.federation, json.dumps(federation, separators=(",", ":")) + "\n")
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         with self.metrics.open("a") as handle:
