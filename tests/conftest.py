@@ -9,9 +9,9 @@ import pytest
 
 from manytask.config import RunConfig, validate
 
-# Flower's runs (Ray for the simulations, SuperLinks and SuperNodes on loopback ports for the deployments) take
-# turns in one worker process: two of them side by side would contend for ports and cores, and the deployments'
-# round timeouts assume a round has the machine to itself.
+# Flower's tests (Ray simulations; loopback SuperLinks and SuperNodes) take turns in one worker process. Beside a
+# simulation's processes a deployment's rounds took 13-14 s here against 8-10 s, closer to the round timeout (40 s)
+# that a failure test waits out; two deployments side by side would also race for free ports.
 FLOWER_FILES = frozenset({"test_flower_simulation.py", "test_flower_deployment.py"})
 
 
