@@ -133,6 +133,7 @@ def test_an_interrupted_cache_write_leaves_nothing_behind(tmp_path, monkeypatch)
         pretrained_backbone(bench, "mlp", {"hidden": [16]}, PretrainParams(epochs=1), seed=0)
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
+
 def test_holdout_images_are_in_no_task():
     bench = build_benchmark("digits-tasks", {"tasks": ["digit", "rotated"], "holdout": 0.3}, seed=0)
     held = bench.pretraining
