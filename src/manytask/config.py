@@ -98,11 +98,14 @@ class RunConfig(Params):
     )
     workers: int = Field(default=1, ge=1, description="processes training a round's clients in parallel (local "
                          "engine); the numbers do not depend on it")
-    execution: Literal["sequential", "vectorized"] = Field(
-        default="sequential", description="local engine: clients one after another, or a round's clients trained as "
-        "one batched computation (equal within float tolerance; methods that cannot fall back with a notice)",
+    execution: Literal["auto", "sequential", "vectorized"] = Field(
+        default="auto", description="local engine: a round's clients trained as one batched computation where their "
+        "methods allow it, else one after another with a one-line notice saying why (auto); always one after another "
+        "(sequential); or batched, only in one process of the local engine (vectorized). Batched equals sequential "
+        "within float tolerance",
     )
-    vector_clients: int = Field(default=256, ge=1, description="execution=vectorized: clients per batched computation")
+    vector_clients: int = Field(default=256, ge=1,
+                                description="execution auto or vectorized: clients per batched computation")
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="where clients train: auto picks the GPU when torch sees one, else the CPU"
     )

@@ -11,7 +11,6 @@ so one step moves the shared backbone for all its tasks at once. Methods extend 
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -78,22 +77,6 @@ class TrainHook:
 
     def after_step(self, step: StepContext) -> None:
         """Runs after each optimizer step."""
-
-
-class ParameterTerm(TrainHook, ABC):
-    """A hook whose only effect is a loss term on the parameters alone, built from one operand tensor per parameter
-    it covers (FedProx's anchor θ_global, FedDyn's gradient g). Clients whose hooks are all parameter terms train
-    vectorized (`client/vectorized.py`): their operands are stacked, and `batched_loss` evaluates the term of every
-    client at once."""
-
-    operands: dict[str, Tensor]  # parameter name -> this client's operand
-
-    @abstractmethod
-    def batched_loss(
-        self, params: Mapping[str, Tensor], operands: Mapping[str, Tensor], present: Mapping[str, Tensor]
-    ) -> Tensor:
-        """The sum over clients of this term: `params` and `operands` are stacked over clients, (C, ...), and
-        `present[k]` is 1 for the clients whose term covers k, 0 for the others (broadcastable against them)."""
 
 
 LossCombiner = Callable[[StepContext], Tensor]

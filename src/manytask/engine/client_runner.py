@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from manytask.client.trainer import TaskData
-from manytask.client.vectorized import NotVectorizable
 from manytask.devices import CPU, on_device, resolve_device
 from manytask.engine.adversaries import Adversary
+from manytask.execution.plan import Unbatchable
 from manytask.experiment import Experiment
 from manytask.messages import Message, decode, encode
 from manytask.methods.base import ClientContext, Metrics
@@ -32,7 +32,7 @@ class ClientRunner:
         torch.set_num_threads(experiment.config.threads)  # this may be a fresh process (a Flower ClientApp)
         self.program = experiment.client_program()
         self._data: OrderedDict[int, TaskData] = OrderedDict()  # the most recently asked-for clients' data
-        self.notices: set[str] = set()  # why clients could not be vectorized, each told once
+        self.notices: set[str] = set()  # why clients could not be batched, each told once
         self.device = self._device(resolve_device(experiment.config.device))
         attack = experiment.config.adversaries
         self.adversary = None if attack is None else Adversary(attack, experiment.adversary_clients,
@@ -65,7 +65,7 @@ class ClientRunner:
         received = _decoded_once([payloads[c] for c in clients])
         try:
             replies = self.program.fit_many(ctxs, received)
-        except NotVectorizable as why:
+        except Unbatchable as why:
             self._notice(str(why))
             return {c: self.fit(c, round_index, payloads[c], states[c]) for c in clients}
         seconds = (time.perf_counter() - began) / len(clients)
@@ -94,8 +94,8 @@ class ClientRunner:
     def _notice(self, reason: str) -> None:
         if reason not in self.notices:
             self.notices.add(reason)
-            print(f"{self.exp.label}: execution vectorized trains these clients one after another: {reason}",
-                  file=sys.stderr)
+            print(f"{self.exp.label}: execution {self.exp.config.execution} trains these clients one after another: "
+                  f"{reason}", file=sys.stderr)
 
     def evaluate(self, client: int, payload: bytes | None, state: ClientState, test: TaskData | None = None) -> Metrics:
         """The client's own model on the test sets of the tasks it holds (or on `test`, keyed by its tasks: another

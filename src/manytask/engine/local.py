@@ -47,5 +47,5 @@ class InProcessTransport:
 def local_engine(experiment: Experiment, run_dir: RunDir, observer: RoundObserver | None = None) -> RoundLoop:
     """The round loop with clients run in-process."""
     config = experiment.config
-    vector_clients = config.vector_clients if config.execution == "vectorized" else None
+    vector_clients = None if config.execution == "sequential" else config.vector_clients
     return RoundLoop(experiment, run_dir, InProcessTransport(ClientRunner(experiment), vector_clients), observer)

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from manytask.client.trainer import TaskData, TrainConfig, Trainer, evaluate
-from manytask.client.vectorized import NotVectorizable
 from manytask.devices import CPU
+from manytask.execution.plan import Unbatchable
 from manytask.messages import Message
 from manytask.models.adapters import LoraParams, add_lora
 from manytask.models.multitask import MultiTaskModel, build_model, to_role, trainable_state
@@ -97,10 +97,10 @@ class ClientProgram(ABC, Generic[P]):
         """Train on the client's data; return what is uploaded (None: nothing)."""
 
     def fit_many(self, ctxs: list[ClientContext], payloads: list[Message | None]) -> list[Message | None]:
-        """`fit` of several clients of one round as one batched computation (`execution: vectorized`), the replies
-        in the same order. Raises `NotVectorizable`, before changing anything, where the program cannot; the engine
-        then calls `fit` client by client."""
-        raise NotVectorizable(f"{type(self).__name__} trains with a loop of its own")
+        """`fit` of several clients of one round as one batched computation (`execution: auto | vectorized`), the
+        replies in the same order. Raises `Unbatchable`, before changing anything, where the program cannot; the
+        engine then calls `fit` client by client."""
+        raise Unbatchable(f"{type(self).__name__} trains with a loop of its own")
 
     def evaluate(self, ctx: ClientContext, payload: Message | None, test: TaskData) -> Metrics:
         """Client-side evaluation of the client's own model on the test sets of the tasks it holds."""

@@ -21,9 +21,9 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from manytask.client.optimizers import OptimizerFactory
+from manytask.client.terms import ParameterTerm
 from manytask.client.trainer import (
     LossCombiner,
-    ParameterTerm,
     TaskData,
     Trainer,
     TrainHook,
@@ -31,9 +31,10 @@ from manytask.client.trainer import (
     evaluate,
     sum_of_task_losses,
 )
-from manytask.client.vectorized import ClientJob, JobResult, NotVectorizable, train_vectorized
 from manytask.devices import on_device
 from manytask.errors import clipped
+from manytask.execution.batched import train_batched
+from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
@@ -169,19 +170,19 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         return self.reply(ctx, tensors, scalars)
 
     def fit_many(self, ctxs: list[ClientContext], payloads: list[Message | None]) -> list[Message | None]:
-        """The round's clients trained as one batched computation (`client/vectorized.py`), each then concluded
+        """The round's clients trained as one batched computation (`execution/batched.py`), each then concluded
         and uploaded exactly as `fit` does."""
         trainer, (round_index, rounds) = self.trainer(ctxs[0]), self.schedule(ctxs[0])
-        self._check_vectorizable(trainer)
+        self._check_batchable(trainer)
         received = [self.received(ctx, payload) for ctx, payload in zip(ctxs, payloads, strict=True)]
-        jobs = [self._job(ctx, sent) for ctx, sent in zip(ctxs, received, strict=True)]
-        results = train_vectorized(self.template[0], trainer, jobs, round_index, rounds)
-        return [self._reply_vectorized(ctx, sent, result)
+        plans = [self._plan(ctx, sent) for ctx, sent in zip(ctxs, received, strict=True)]
+        results = train_batched(self.template[0], trainer, plans, round_index, rounds)
+        return [self._reply_batched(ctx, sent, result)
                 for ctx, sent, result in zip(ctxs, received, results, strict=True)]
 
     @cached_property
     def template(self) -> tuple[MultiTaskModel, nn.Module]:
-        """A built model that gives vectorized training its structure; never trained, so also its initial values."""
+        """A built model that gives batched training its structure; never trained, so also its initial values."""
         return self.build_on_device()
 
     @cached_property
@@ -196,38 +197,40 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         return keys
 
     @cached_property
-    def initial_trainable(self) -> dict[str, Tensor]:
-        """What `start` finds in every trainable parameter before it loads anything."""
-        return {n: p.detach() for n, p in self.template[0].named_parameters() if p.requires_grad}
+    def initial_values(self) -> dict[str, Tensor]:
+        """What `start` finds in every trainable parameter and buffer before it loads anything."""
+        model = self.template[0]
+        params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+        return {**params, **{n: b.detach() for n, b in model.named_buffers()}}
 
-    def _check_vectorizable(self, trainer: Trainer) -> None:
+    def _check_batchable(self, trainer: Trainer) -> None:
         overridden = [name for name in ("fit", "start") if getattr(type(self), name) is not getattr(HostClient, name)]
         if overridden:
-            raise NotVectorizable(f"{type(self).__name__} has a {overridden[0]} of its own")
+            raise Unbatchable(f"{type(self).__name__} has a {overridden[0]} of its own")
         if type(trainer).train is not Trainer.train:
-            raise NotVectorizable(f"{type(self).__name__} trains with a trainer of its own")
+            raise Unbatchable(f"{type(self).__name__} trains with a trainer of its own")
         if self.params.per_task:
-            raise NotVectorizable("per_task trains one copy per held task")
+            raise Unbatchable("per_task trains one copy per held task")
 
-    def _job(self, ctx: ClientContext, received: dict[str, Tensor]) -> ClientJob:
-        """One client's vectorized job, or `NotVectorizable` when its training needs more than the plain loop. Its
-        start is what `start` would load into a model, read without one."""
+    def _plan(self, ctx: ClientContext, received: dict[str, Tensor]) -> ClientPlan:
+        """One client's plan, or `Unbatchable` when its training needs more than the plain loop. Its start is what
+        `start` would load into a model, read without one."""
         copy = TrainedCopy(None, list(ctx.data), *self.template, received, ctx.seed)
         if copy.module is not copy.model:
-            raise NotVectorizable(f"{type(self).__name__} trains its model through a wrapper (a linearization)")
+            raise Unbatchable(f"{type(self).__name__} trains its model through a wrapper (a linearization)")
         if self.optimizer(ctx, copy) is not None:
-            raise NotVectorizable(f"{type(self).__name__} brings an optimizer of its own")
+            raise Unbatchable(f"{type(self).__name__} brings an optimizer of its own")
         if self.combine(ctx, copy) is not sum_of_task_losses:
-            raise NotVectorizable(f"{type(self).__name__} combines task losses its own way")
+            raise Unbatchable(f"{type(self).__name__} combines task losses its own way")
         hooks = self.hooks(ctx, copy)
         acting = [type(h).__name__ for h in hooks if not isinstance(h, ParameterTerm)]
         if acting:
-            raise NotVectorizable(f"hook {acting[0]} acts inside the training step")
-        start = merged_state(self.initial_trainable, received, self.local_state(ctx, copy))
-        return ClientJob(dict(ctx.data), start, copy.seed, [h for h in hooks if isinstance(h, ParameterTerm)])
+            raise Unbatchable(f"hook {acting[0]} acts inside the training step")
+        start = merged_state(self.initial_values, received, self.local_state(ctx, copy))
+        return ClientPlan(dict(ctx.data), start, copy.seed, [h for h in hooks if isinstance(h, ParameterTerm)])
 
-    def _reply_vectorized(self, ctx: ClientContext, received: dict[str, Tensor], result: JobResult) -> Message:
-        """`fit`'s reply from a vectorized result: without a model where the host's `finish` and `upload` are the
+    def _reply_batched(self, ctx: ClientContext, received: dict[str, Tensor], result: PlanResult) -> Message:
+        """`fit`'s reply from a batched result: without a model where the host's `finish` and `upload` are the
         plain ones, else from a model holding the trained values."""
         tensors: dict[str, Tensor] = {}
         scalars = fit_scalars(ctx.data, {})

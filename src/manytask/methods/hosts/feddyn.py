@@ -22,7 +22,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from manytask.client.trainer import ParameterTerm, StepContext, TrainHook
+from manytask.client.terms import ParameterTerm
+from manytask.client.trainer import TrainHook
 from manytask.methods.base import ClientContext, MethodDef, Setup
 from manytask.methods.common.aggregation import Weight, weighted_average
 from manytask.methods.common.updates import Update, is_parameter
@@ -41,12 +42,17 @@ class FedDynParams(HostParams):
     alpha: float = Field(default=0.01, gt=0, description="dynamic regularization strength α")
 
 
+def inner_product(theta: Tensor, gradient: Tensor) -> Tensor:
+    """⟨g_k, θ_k⟩, one parameter's summand of FedDyn's linear term."""
+    return (theta * gradient).sum()
+
+
 def linear_term(params: Mapping[str, Tensor], gradients: Mapping[str, Tensor]) -> Tensor:
     """−Σ_k ⟨g_k, θ_k⟩, the linear part of FedDyn's local objective."""
     total = torch.zeros(())
     for name, gradient in gradients.items():
-        total = total - (params[name] * gradient).sum()
-    return total
+        total = total + inner_product(params[name], gradient)
+    return -1.0 * total
 
 
 def updated_gradients(
@@ -73,16 +79,7 @@ class LinearTermHook(ParameterTerm):
     """Adds −⟨g, θ⟩ over the parameters `gradients` holds."""
 
     def __init__(self, params: Mapping[str, Tensor], gradients: Mapping[str, Tensor]) -> None:
-        self.params = dict(params)
-        self.gradients = self.operands = dict(gradients)
-
-    def loss(self, step: StepContext) -> Tensor | None:
-        return linear_term(self.params, self.gradients)
-
-    def batched_loss(
-        self, params: Mapping[str, Tensor], operands: Mapping[str, Tensor], present: Mapping[str, Tensor]
-    ) -> Tensor:
-        return linear_term(params, {k: g * present[k] for k, g in operands.items()})
+        super().__init__(params, gradients, -1.0, inner_product)
 
 
 class FedDynClient(HostClient):

@@ -10,7 +10,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from manytask.client.trainer import ParameterTerm, StepContext, TrainHook
+from manytask.client.terms import ParameterTerm
+from manytask.client.trainer import TrainHook
 from manytask.methods.base import ClientContext, MethodDef
 from manytask.methods.hosts.base import TrainedCopy
 from manytask.methods.hosts.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
@@ -24,11 +25,16 @@ class FedProxParams(FedAvgParams):
     mu: float = Field(default=0.01, ge=0, description="proximal strength μ")
 
 
+def squared_distance(theta: Tensor, anchor: Tensor) -> Tensor:
+    """‖θ_k − θ^global_k‖², one parameter's summand of the proximal term."""
+    return (theta - anchor).pow(2).sum()
+
+
 def proximal_term(params: Mapping[str, Tensor], anchor: Mapping[str, Tensor], mu: float) -> Tensor:
     """(μ/2) Σ_k ‖θ_k − θ^global_k‖² over the parameters present in `anchor` (FedProx, eq. 2)."""
     total = torch.zeros(())
     for name, reference in anchor.items():
-        total = total + (params[name] - reference).pow(2).sum()
+        total = total + squared_distance(params[name], reference)
     return 0.5 * mu * total
 
 
@@ -37,20 +43,8 @@ class ProximalHook(ParameterTerm):
     tensors under other names) that the anchor holds."""
 
     def __init__(self, params: Mapping[str, Tensor], anchor: Mapping[str, Tensor], mu: float) -> None:
-        self.params = dict(params)
-        self.anchor = self.operands = {k: v.detach().clone() for k, v in anchor.items() if k in self.params}
-        self.mu = mu
-
-    def loss(self, step: StepContext) -> Tensor | None:
-        return None if self.mu == 0 else proximal_term(self.params, self.anchor, self.mu)
-
-    def batched_loss(
-        self, params: Mapping[str, Tensor], operands: Mapping[str, Tensor], present: Mapping[str, Tensor]
-    ) -> Tensor:
-        total = torch.zeros(())
-        for name, anchor in operands.items():
-            total = total + ((params[name] - anchor).pow(2) * present[name]).sum()
-        return 0.5 * self.mu * total
+        super().__init__(params, {k: v.detach().clone() for k, v in anchor.items() if k in params}, 0.5 * mu,
+                         squared_distance)
 
 
 class FedProxClient(FedAvgClient):

@@ -1,0 +1,46 @@
+"""Loss terms on the parameters alone, written once for one client and for a stack of clients.
+
+A `ParameterTerm` is scale · Σ_k piece(θ_k, a_k) over the parameters k it covers, with one operand a_k per
+parameter (FedProx's anchor θ_global, FedDyn's gradient g). `piece` is the only place the term's arithmetic is
+written: the sequential trainer sums it over one client's parameters (`loss`), and the batched executor maps the
+same function over the rows of stacked parameters with `torch.func.vmap` (`stacked_loss`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor
+from torch.func import vmap
+
+from manytask.client.trainer import StepContext, TrainHook
+
+Piece = Callable[[Tensor, Tensor], Tensor]  # (a parameter, its operand) -> its scalar summand
+
+
+class ParameterTerm(TrainHook):
+    """scale · Σ_k piece(θ_k, a_k) over the parameters (by state-dict name, as trained) that `operands` holds."""
+
+    def __init__(self, params: Mapping[str, Tensor], operands: Mapping[str, Tensor], scale: float,
+                 piece: Piece) -> None:
+        self.params = dict(params)
+        self.operands = {k: v for k, v in operands.items() if k in self.params}
+        self.scale = scale
+        self.piece = piece
+
+    def loss(self, step: StepContext) -> Tensor | None:
+        if self.scale == 0:
+            return None
+        total = torch.zeros(())
+        for name, operand in self.operands.items():
+            total = total + self.piece(self.params[name], operand)
+        return self.scale * total
+
+    def stacked_loss(self, params: Mapping[str, Tensor], operands: Mapping[str, Tensor],
+                     present: Mapping[str, Tensor]) -> Tensor:
+        """The sum over stacked rows of this term: `params[k]` and `operands[k]` are stacked, (rows, ...), and
+        `present[k]`, (rows,), is 1 where a row's term covers k, 0 elsewhere."""
+        total = torch.zeros((), device=next(iter(params.values())).device)
+        for name, operand in operands.items():
+            total = total + (vmap(self.piece)(params[name], operand) * present[name]).sum()
+        return self.scale * total

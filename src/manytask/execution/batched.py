@@ -1,0 +1,396 @@
+"""The batched executor: a round's clients trained as one computation, whatever tasks they hold.
+
+Every trainable backbone parameter and buffer is stacked over clients, (C, ...). A step runs one backbone pass per
+*row*: a client's mini-batch of one task, or of all its tasks at once when they label the same inputs (as the
+sequential trainer does). Rows run as one `vmap` of `functional_call`, each row with its client's parameters. Heads
+are grouped by structure, not by task name: every (client, task) pair whose head has the same shapes and loss kind
+is one row of a stacked head, so a federation in which every client holds its own task still takes one head call
+per structure. Batches are drawn from the very streams `Trainer.train` draws and padded to the batch size; each
+sample's weight (1/n on a row's n real samples, 0 on padding) makes a row's loss its batch mean, and BatchNorm
+normalizes each row over its real samples (`execution/norms.py`).
+
+One backward pass of the sum over rows gives every client its own gradients, because the rows are independent; the
+optimizer then moves each row as its client's own optimizer would (`execution/steps.py`), gradients clipped per
+client. Clients with fewer steps are masked, not dropped, so every step has the same shapes. Losses are read once,
+at the end of the round.
+
+The result equals sequential training up to float rounding (sums over a batch run in another order):
+`TOLERANCE` holds for float32 models (tests/test_batched.py measures it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+
+from manytask.client.terms import ParameterTerm
+from manytask.client.trainer import Trainer, TrainReport, index_batches, shares_inputs, stream_seed_request
+from manytask.execution.norms import MaskedBatchNorm, NormContext, masked_copy
+from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
+from manytask.execution.steps import batched_optimizer, clip_per_client
+from manytask.models.multitask import BACKBONE_PREFIX, BUFFER_PREFIX, head_prefix, model_tensors, task_of_key
+from manytask.seeding import derive_seeds
+from manytask.tasks.task import TaskKind, TaskSpec
+
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # batched vs sequential trained parameters (float32)
+
+
+def _cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
+    return F.cross_entropy(outputs, targets, reduction="none")
+
+
+def _squared_error(outputs: Tensor, targets: Tensor) -> Tensor:
+    return (outputs - targets.view_as(outputs)).pow(2).flatten(1).mean(1)
+
+
+# per-sample losses whose batch mean is `TaskSpec.loss`
+SAMPLE_LOSSES: dict[TaskKind, Callable[[Tensor, Tensor], Tensor]] = {
+    TaskKind.CLASSIFICATION: _cross_entropy, TaskKind.REGRESSION: _squared_error,
+}
+
+
+def check_trainer(trainer: Trainer, tasks: Sequence[str]) -> None:
+    dense = [t for t in tasks if trainer.specs[t].kind not in SAMPLE_LOSSES]
+    if dense:
+        raise Unbatchable(f"tasks {dense} have no per-sample loss (dense tasks)")
+
+
+def check_model(model: nn.Module) -> None:
+    if not all(hasattr(model, part) for part in ("backbone", "heads", "head_input")):
+        raise Unbatchable(f"{type(model).__name__} is not a backbone with heads")
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        raise Unbatchable("the model uses dropout, whose random masks follow one client's generator")
+    outside = [n for n, _ in model.named_buffers() if not n.startswith(BACKBONE_PREFIX)]
+    if outside:
+        raise Unbatchable(f"buffers outside the backbone ({outside[0]})")
+
+
+@dataclass
+class _Row:
+    """One backbone pass a step: a client's batch of one task (`key` the task) or of all its tasks ('shared')."""
+
+    client: int
+    key: str
+    tasks: list[str]
+    slot: int  # the client's how-many-th row: passes run in this order in the sequential trainer
+
+
+@dataclass
+class _HeadGroup:
+    """(client, task) pairs whose heads share one structure and loss: their head parameters stacked, (pairs, ...)."""
+
+    task: str  # the task whose head module runs them all (any of the group's, they are alike)
+    sample_loss: Callable[[Tensor, Tensor], Tensor]
+    pairs: list[tuple[int, str, int]] = field(default_factory=list)  # (client, task, row)
+
+    def key(self, index: int, suffix: str) -> str:
+        return f"group{index}:{suffix}"
+
+
+def _head_signature(head: nn.Module, spec: TaskSpec) -> tuple:
+    return (type(head).__name__, spec.kind,
+            tuple((n, tuple(p.shape), p.dtype) for n, p in head.named_parameters()))
+
+
+class _Round:
+    """The round's layout: rows, head groups, the stacked leaves and where each client's values live in them."""
+
+    def __init__(self, template: nn.Module, trainer: Trainer, plans: Sequence[ClientPlan]) -> None:
+        self.template, self.trainer, self.plans = template, trainer, plans
+        named = model_tensors(template)
+        self.names = [n for n, p in named.parameters if p.requires_grad]
+        self.buffer_names = [n for n, _ in named.buffers]
+        for plan in plans:
+            missing = [n for n in [*self.names, *self.buffer_names] if n not in plan.start]
+            if missing:
+                raise Unbatchable(f"a client's plan has no start for {missing[0]}")
+        self.rows: list[_Row] = []
+        for c, plan in enumerate(plans):
+            tasks = list(plan.data)
+            if shares_inputs(plan.data):
+                self.rows.append(_Row(c, "shared", tasks, 0))
+            else:
+                self.rows.extend(_Row(c, t, [t], slot) for slot, t in enumerate(tasks))
+        self.rows.sort(key=lambda row: (row.slot, row.client))
+        self.row_clients = torch.tensor([row.client for row in self.rows])
+        self.one_row_each = len(self.rows) == len(plans)  # then row r is client r
+        groups: dict[tuple, _HeadGroup] = {}
+        for r, row in enumerate(self.rows):
+            for task in row.tasks:
+                spec = trainer.specs[task]
+                signature = _head_signature(template.heads[task], spec)
+                group = groups.setdefault(signature, _HeadGroup(task, SAMPLE_LOSSES[spec.kind]))
+                group.pairs.append((row.client, task, r))
+        self.groups = list(groups.values())
+        self.pair_places = {(c, t): (index, position) for index, group in enumerate(self.groups)
+                            for position, (c, t, _) in enumerate(group.pairs)}
+        self.slots = self._slots()
+        self.head_suffixes = [n for n, p in template.heads[self.groups[0].task].named_parameters()] if groups else []
+
+    def _slots(self) -> list[tuple[int, int, Tensor | None]]:
+        """The rows of each slot, (first, end, their clients; None when row r is client r), slot by slot."""
+        slots = []
+        for slot in sorted({row.slot for row in self.rows}):
+            rows = [r for r, row in enumerate(self.rows) if row.slot == slot]
+            clients = None if self.one_row_each else self.row_clients[rows[0]:rows[-1] + 1]
+            slots.append((rows[0], rows[-1] + 1, clients))
+        return slots
+
+    def leaves(self) -> dict[str, Tensor]:
+        """The stacked trainable leaves: backbone parameters over clients, head parameters over each group's
+        pairs."""
+        starts = [plan.start for plan in self.plans]
+        leaves = {n: torch.stack([s[n] for s in starts]) for n in self.names if n.startswith(BACKBONE_PREFIX)}
+        for index, group in enumerate(self.groups):
+            for suffix, _ in self.template.heads[group.task].named_parameters():
+                leaves[group.key(index, suffix)] = torch.stack(
+                    [starts[c][head_prefix(t) + suffix] for c, t, _ in group.pairs])
+        return leaves
+
+    def owners(self, leaves: Mapping[str, Tensor]) -> dict[str, Tensor | None]:
+        """Per leaf, the client of each of its rows (None: row r is client r)."""
+        owners: dict[str, Tensor | None] = dict.fromkeys(n for n in leaves if n.startswith(BACKBONE_PREFIX))
+        for index, group in enumerate(self.groups):
+            clients = torch.tensor([c for c, _, _ in group.pairs], device=self.device)
+            for suffix, _ in self.template.heads[group.task].named_parameters():
+                owners[group.key(index, suffix)] = clients
+        return owners
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.plans[0].start.values())).device
+
+    def leaf_of(self, client: int, name: str) -> tuple[str, int] | None:
+        """(leaf, row) where `client`'s value of parameter `name` is trained, or None when it is not trained."""
+        if name.startswith(BACKBONE_PREFIX):
+            return name, client
+        task = task_of_key(name)
+        place = None if task is None else self.pair_places.get((client, task))
+        if place is None:
+            return None
+        index, position = place
+        return self.groups[index].key(index, name[len(head_prefix(task)):]), position
+
+
+def _streams(round_: _Round, steps: list[int]) -> Iterator[list[Tensor]]:
+    """Per step, each row's batch of its own sample indices, from `Trainer.train`'s seeded streams (empty for a
+    client whose steps are done)."""
+    batch = round_.trainer.config.batch_size
+    seeds = derive_seeds([stream_seed_request(round_.plans[row.client].seed, row.key) for row in round_.rows])
+    streams = []
+    for row, seed in zip(round_.rows, seeds, strict=True):
+        count = round_.plans[row.client].data[row.tasks[0]][1].shape[0]
+        streams.append(index_batches(count, batch, torch.Generator().manual_seed(seed)))
+    empty = torch.zeros(0, dtype=torch.long)
+    for step in range(max(steps)):
+        yield [next(stream) if step < steps[row.client] else empty for row, stream in zip(round_.rows, streams,
+                                                                                             strict=True)]
+
+
+@dataclass
+class _Batches:
+    index: Tensor  # (steps, rows, batch): each sample's place in the round's inputs (padding: the row's first)
+    weight: Tensor  # (steps, rows, batch): 1/n on a row's n real samples, 0 on padding
+    mask: Tensor  # (steps, rows, batch): 1 on real samples
+
+
+def _batches(round_: _Round, steps: list[int], inputs_like: Tensor) -> tuple[_Batches, Tensor]:
+    """Every step's padded batches of every row, and the local indices (steps, rows, batch) before offsets."""
+    batch = round_.trainer.config.batch_size
+    chosen = [b for step in _streams(round_, steps) for b in step]
+    counts = torch.tensor([b.shape[0] for b in chosen]).view(max(steps), len(round_.rows), 1)
+    real = torch.arange(batch) < counts
+    local = torch.zeros(real.shape, dtype=torch.long).masked_scatter_(real, torch.cat(chosen))
+    dtype = inputs_like.dtype if inputs_like.is_floating_point() else torch.get_default_dtype()
+    weight = real.to(dtype) / counts.clamp(min=1).to(dtype)
+    device = inputs_like.device
+    starts = torch.tensor([0, *[_row_x(round_, row).shape[0] for row in round_.rows][:-1]]).cumsum(0)
+    index = local + starts.view(1, -1, 1)
+    return _Batches(index.to(device), weight.to(device), real.to(dtype).to(device)), local.to(device)
+
+
+def _row_x(round_: _Round, row: _Row) -> Tensor:
+    return round_.plans[row.client].data[row.tasks[0]][0]
+
+
+def _group_targets(round_: _Round, group: _HeadGroup, local: Tensor) -> tuple[Tensor, Tensor]:
+    """A group's targets of every pair concatenated, and each step's indices into them, (steps, pairs, batch)."""
+    ys = [round_.plans[c].data[t][1] for c, t, _ in group.pairs]
+    starts = torch.tensor([0, *[y.shape[0] for y in ys][:-1]], device=local.device).cumsum(0)
+    rows = torch.tensor([r for _, _, r in group.pairs], device=local.device)
+    return torch.cat(ys), local.index_select(1, rows) + starts.view(1, -1, 1)
+
+
+class _StackedTerm:
+    """One hook position's parameter terms of every client, over the leaves."""
+
+    def __init__(self, round_: _Round, terms: list[ParameterTerm], leaves: Mapping[str, Tensor]) -> None:
+        self.term = terms[0]
+        if any(t.scale != self.term.scale or t.piece is not self.term.piece for t in terms):
+            raise Unbatchable("clients of the round weigh a training term differently")
+        self.operands: dict[str, Tensor] = {}
+        self.present: dict[str, Tensor] = {}
+        places: dict[str, list[tuple[int, Tensor]]] = {}
+        for client, term in enumerate(terms):
+            for name, operand in term.operands.items():
+                place = round_.leaf_of(client, name)
+                if place is None:
+                    raise Unbatchable(f"a training term covers a parameter that is not trained ({name})")
+                places.setdefault(place[0], []).append((place[1], operand))
+        for leaf, entries in places.items():
+            stacked = torch.zeros_like(leaves[leaf])
+            present = torch.zeros(len(stacked), dtype=stacked.dtype, device=stacked.device)
+            rows = torch.tensor([row for row, _ in entries], device=stacked.device)
+            stacked.index_copy_(0, rows, torch.stack([operand for _, operand in entries]).to(stacked.dtype))
+            present.index_fill_(0, rows, 1.0)
+            self.operands[leaf], self.present[leaf] = stacked, present
+
+    def loss(self, live: Mapping[str, Tensor]) -> Tensor:
+        return self.term.stacked_loss(live, self.operands, self.present)
+
+
+def _stacked_terms(round_: _Round, leaves: Mapping[str, Tensor]) -> list[_StackedTerm]:
+    kinds = {tuple(type(t) for t in plan.terms) for plan in round_.plans}
+    if len(kinds) > 1:
+        raise Unbatchable("clients of the round have different training terms")
+    return [_StackedTerm(round_, [plan.terms[position] for plan in round_.plans], leaves)
+            for position in range(len(round_.plans[0].terms))]
+
+
+def _fold_statistics(round_: _Round, running: dict[str, Tensor], stats: Mapping[str, tuple[Tensor, Tensor, Tensor]],
+                     momenta: Mapping[str, float]) -> None:
+    """Each client's running statistics after its rows' BatchNorm passes of a step, in the order the sequential
+    trainer runs them: mean ← mean + m·moved·(batch mean − mean), the same for the variance (unbiased), and the
+    counter + moved."""
+    for layer, (mean, variance, moved) in stats.items():
+        m = momenta[layer]
+        for first, end, clients in round_.slots:
+            clients = None if clients is None else clients.to(mean.device)
+            for buffer, value in ((f"{layer}.running_mean", mean), (f"{layer}.running_var", variance)):
+                stack = running[BACKBONE_PREFIX + buffer]
+                current = stack if clients is None else stack.index_select(0, clients)
+                moved_rows = moved[first:end].view(-1, *([1] * (current.dim() - 1)))
+                updated = current + (m * moved_rows) * (value[first:end] - current)
+                if clients is None:
+                    stack.copy_(updated)
+                else:
+                    stack.index_copy_(0, clients, updated)
+            counter = running[BACKBONE_PREFIX + f"{layer}.num_batches_tracked"]
+            increment = moved[first:end].to(counter.dtype)
+            if clients is None:
+                counter.add_(increment)
+            else:
+                counter.index_add_(0, clients, increment)
+
+
+def train_batched(
+    template: nn.Module, trainer: Trainer, plans: Sequence[ClientPlan], round_index: int, total_rounds: int,
+) -> list[PlanResult]:
+    """Train every plan from its `start` as `trainer.train` would, all in one batched computation; `template` only
+    gives the model's structure (its values of the trained parameters are never used, nor changed)."""
+    check_model(template)
+    check_trainer(trainer, list(dict.fromkeys(t for plan in plans for t in plan.data)))
+    round_ = _Round(template, trainer, plans)
+    steps = [trainer.num_steps(plan.data) for plan in plans]
+    leaves = round_.leaves()
+    owners = round_.owners(leaves)
+    terms = _stacked_terms(round_, leaves)
+    device = round_.device
+    inputs = torch.cat([_row_x(round_, row) for row in round_.rows])
+    batches, local = _batches(round_, steps, inputs)
+    targets = [_group_targets(round_, group, local) for group in round_.groups]
+    group_rows = [None if [r for _, _, r in g.pairs] == list(range(len(round_.rows)))
+                  else torch.tensor([r for _, _, r in g.pairs], device=device) for g in round_.groups]
+    row_clients = round_.row_clients.to(device)
+    running = {n: torch.stack([plan.start[n] for plan in plans]) for n in round_.buffer_names}
+    context = NormContext()
+    backbone = masked_copy(template.backbone, context)
+    momenta = {m.name: m.momentum for m in backbone.modules() if isinstance(m, MaskedBatchNorm)}
+    active = _active(steps, owners, device)
+    config = trainer.config
+    optimizer = batched_optimizer(config, config.lr_at(round_index, total_rounds))
+    names = list(leaves)
+    recorded: list[Tensor] = []
+
+    def backbone_row(params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, mask: Tensor):
+        context.mask, context.stats = mask, {}
+        features = functional_call(backbone, (params, buffers), (x,))
+        return features, dict(context.stats)
+
+    strip = len(BACKBONE_PREFIX)
+    for step in range(max(steps)):
+        live = {n: leaves[n].detach().requires_grad_() for n in names}
+        x = inputs.index_select(0, batches.index[step].flatten()).view(*batches.index.shape[1:], *inputs.shape[1:])
+        per_row = {n[strip:]: (live[n] if round_.one_row_each else live[n].index_select(0, row_clients))
+                   for n in names if n.startswith(BACKBONE_PREFIX)}
+        row_buffers = {n[strip:]: (b if round_.one_row_each else b.index_select(0, row_clients))
+                       for n, b in running.items()}
+        features, stats = vmap(backbone_row)(per_row, row_buffers, x, batches.mask[step])
+        features = template.head_input(features)
+        losses = []
+        for index, (group, (y, y_index), rows) in enumerate(zip(round_.groups, targets, group_rows, strict=True)):
+            head = template.heads[group.task]
+            params = {s: live[group.key(index, s)] for s in round_.head_suffixes}
+            row_features = features if rows is None else features.index_select(0, rows)
+            weight = batches.weight[step] if rows is None else batches.weight[step].index_select(0, rows)
+            row_y = y.index_select(0, y_index[step].flatten()).view(*y_index.shape[1:], *y.shape[1:])
+            losses.append(vmap(_head_loss(head, group.sample_loss))(params, row_features, row_y, weight))
+        step_losses = losses[0] if len(losses) == 1 else torch.cat(losses)
+        loss = step_losses.sum()
+        for term in terms:
+            loss = loss + term.loss(live)
+        grads = list(torch.autograd.grad(loss, [live[n] for n in names], allow_unused=True, materialize_grads=True))
+        with torch.no_grad():
+            _fold_statistics(round_, running, stats, momenta)
+            if config.grad_clip is not None:
+                grads = clip_per_client(grads, [owners[n] for n in names], len(plans), config.grad_clip)
+            optimizer.step([leaves[n] for n in names], grads, [None if a is None else a[step] for a in
+                                                               (active[n] for n in names)])
+        recorded.append(step_losses.detach())
+    return _results(round_, leaves, running, steps, recorded)
+
+
+def _head_loss(head: nn.Module, sample_loss: Callable[[Tensor, Tensor], Tensor]):
+    def loss(params: dict[str, Tensor], features: Tensor, y: Tensor, weight: Tensor) -> Tensor:
+        return (sample_loss(functional_call(head, params, (features,)), y) * weight).sum()
+
+    return loss
+
+
+def _active(steps: list[int], owners: Mapping[str, Tensor | None], device: torch.device
+            ) -> dict[str, Tensor | None]:
+    """Per leaf, (steps, leaf rows): 1 where the row's client still trains at that step; None for every leaf when
+    all clients take the same steps."""
+    if len(set(steps)) == 1:
+        return dict.fromkeys(owners)
+    per_client = (torch.arange(max(steps)).view(-1, 1) < torch.tensor(steps).view(1, -1)).float().to(device)
+    return {n: per_client if owner is None else per_client.index_select(1, owner) for n, owner in owners.items()}
+
+
+def _results(round_: _Round, leaves: Mapping[str, Tensor], running: Mapping[str, Tensor], steps: list[int],
+             recorded: list[Tensor]) -> list[PlanResult]:
+    """Each client's trained parameters and buffers (views of the stacks, which change no more) and its report."""
+    totals = torch.stack(recorded).double().sum(0).tolist() if recorded else []
+    pair_losses: dict[tuple[int, str], float] = {}
+    position = 0
+    for group in round_.groups:
+        for client, task, _ in group.pairs:
+            pair_losses[client, task] = totals[position]
+            position += 1
+    rows = {n: leaf.unbind(0) for n, leaf in leaves.items()}
+    buffers = {n: stack.unbind(0) for n, stack in running.items()}
+    results = []
+    for c, plan in enumerate(round_.plans):
+        params = {}
+        for name in round_.names:
+            place = round_.leaf_of(c, name)
+            params[name] = plan.start[name] if place is None else rows[place[0]][place[1]]
+        for name in round_.buffer_names:
+            params[BUFFER_PREFIX + name] = buffers[name][c]
+        losses = {t: pair_losses[c, t] / max(steps[c], 1) for t in plan.data}
+        results.append(PlanResult(params, TrainReport(steps[c], losses)))
+    return results

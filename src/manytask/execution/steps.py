@@ -1,0 +1,93 @@
+"""The optimizer side of a batched local step: each row of a stacked parameter is one client's tensor, and every
+operation here is row-wise, so each client gets exactly the update its own optimizer would give it (up to float
+rounding), in a number of operations that does not grow with the clients.
+
+- `clip_per_client`: `torch.nn.utils.clip_grad_norm_` per client, its norm over all of that client's gradients;
+- `BatchedSGD`: `torch.optim.SGD` (momentum, coupled weight decay; no dampening, no Nesterov);
+- `BatchedAdamW`: `torch.optim.AdamW` with its defaults (betas 0.9/0.999, eps 1e-8) and the config's weight decay.
+A row whose client has no step left keeps its values (`active`, per row, 1 or 0; None when every row trains)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from manytask.client.trainer import TrainConfig
+
+CLIP_EPS = 1e-6  # clip_grad_norm_'s
+
+
+def _rows(per_row: Tensor, like: Tensor) -> Tensor:
+    """A (rows,) tensor shaped to broadcast against a stacked (rows, ...) tensor."""
+    return per_row.view(-1, *([1] * (like.dim() - 1)))
+
+
+def clip_per_client(grads: list[Tensor], clients: Sequence[Tensor | None], count: int, max_norm: float) -> list[Tensor]:
+    """Every client's gradients scaled by min(1, max_norm / (‖g_client‖ + 1e-6)), its norm taken over all its rows
+    of all leaves; `clients[i]` maps leaf i's rows to clients (None: row r is client r)."""
+    squares = torch.zeros(count, dtype=grads[0].dtype, device=grads[0].device)
+    for grad, owner in zip(grads, clients, strict=True):
+        per_row = grad.flatten(1).pow(2).sum(1)
+        squares = squares + per_row if owner is None else squares.index_add(0, owner, per_row)
+    coef = (max_norm / (squares.sqrt() + CLIP_EPS)).clamp(max=1.0)
+    return [grad * _rows(coef if owner is None else coef.index_select(0, owner), grad)
+            for grad, owner in zip(grads, clients, strict=True)]
+
+
+class BatchedSGD:
+    def __init__(self, config: TrainConfig, lr: float) -> None:
+        self.lr, self.momentum, self.weight_decay = lr, config.momentum, config.weight_decay
+        self.buffers: list[Tensor] = []
+
+    def step(self, params: list[Tensor], grads: list[Tensor], active: list[Tensor | None]) -> None:
+        with torch.no_grad():
+            if self.weight_decay:
+                grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
+            if self.momentum:
+                if not self.buffers:  # the first step's gradients become the buffers (autograd made them for it)
+                    self.buffers = grads
+                else:
+                    torch._foreach_mul_(self.buffers, self.momentum)
+                    torch._foreach_add_(self.buffers, grads)
+                grads = self.buffers
+            torch._foreach_add_(params, _masked(grads, active), alpha=-self.lr)
+
+
+class BatchedAdamW:
+    def __init__(self, config: TrainConfig, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        self.lr, self.weight_decay, self.betas, self.eps = lr, config.weight_decay, betas, eps
+        self.first: list[Tensor] = []
+        self.second: list[Tensor] = []
+        self.steps = 0
+
+    def step(self, params: list[Tensor], grads: list[Tensor], active: list[Tensor | None]) -> None:
+        beta1, beta2 = self.betas
+        with torch.no_grad():
+            if not self.first:
+                self.first = [torch.zeros_like(p) for p in params]
+                self.second = [torch.zeros_like(p) for p in params]
+            self.steps += 1  # every row still training has taken as many steps: rows only ever stop
+            if self.weight_decay:
+                torch._foreach_add_(params, _masked(torch._foreach_mul(params, -self.lr * self.weight_decay), active))
+            torch._foreach_lerp_(self.first, grads, 1 - beta1)
+            torch._foreach_mul_(self.second, beta2)
+            torch._foreach_addcmul_(self.second, grads, grads, 1 - beta2)
+            correction1 = 1 - beta1 ** self.steps
+            root2 = math.sqrt(1 - beta2 ** self.steps)
+            denominators = torch._foreach_sqrt(self.second)
+            torch._foreach_div_(denominators, root2)
+            torch._foreach_add_(denominators, self.eps)
+            updates = torch._foreach_div(self.first, denominators)
+            torch._foreach_add_(params, _masked(updates, active), alpha=-self.lr / correction1)
+
+
+def _masked(updates: list[Tensor], active: list[Tensor | None]) -> list[Tensor]:
+    return [u if a is None else u * _rows(a, u) for u, a in zip(updates, active, strict=True)]
+
+
+def batched_optimizer(config: TrainConfig, lr: float) -> BatchedSGD | BatchedAdamW:
+    return BatchedAdamW(config, lr) if config.optimizer == "adamw" else BatchedSGD(config, lr)

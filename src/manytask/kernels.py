@@ -1,0 +1,103 @@
+"""Kernels dispatched per training round, counted on any machine: every non-view aten op a round dispatches (a
+`TorchDispatchMode` sees each one; on a GPU each is at least one kernel launch), and the host syncs among them.
+
+A federated round of small clients is bound by launches, not arithmetic, so the count that matters is how it grows
+with the clients of a round: `manytask bench --kernels` prints the ratio of a round of 32 clients to a round of 4
+for the hosts of `KERNEL_HOSTS`, on a one-task-per-client federation and on a multi-task one. A round is counted
+after a first, uncounted round (which builds models and caches), with no evaluation in it, the engine's whole round
+included: payloads, training, replies, screening, aggregation and the checkpoint."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from manytask.config import RunConfig, validate
+
+# ops that make the host wait for the device: a read of a value, or an output whose size depends on values
+SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim",
+                      "unique_consecutive", "item"})
+
+
+class KernelCounter(TorchDispatchMode):
+    """Counts the non-view aten ops dispatched while active (`ops`, and per op name `by_op`) and the host syncs
+    among them (`syncs`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_op: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if not func.is_view:
+            self.by_op[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def ops(self) -> int:
+        return sum(self.by_op.values())
+
+    @property
+    def syncs(self) -> int:
+        return sum(n for name, n in self.by_op.items() if name in SYNC_OPS)
+
+
+def counted(action: Callable[[], Any]) -> KernelCounter:
+    """The ops `action` dispatches."""
+    with KernelCounter() as counter:
+        action()
+    return counter
+
+
+# the hosts issue 32 holds to ≤ 1.5 kernels per round at 32 clients ÷ 4: (label, method entry, plug-ins)
+KERNEL_HOSTS: dict[str, tuple[dict[str, Any], list[dict[str, Any]] | None]] = {
+    "fedavg": ({"name": "fedavg"}, None),
+    "fedprox+dea": ({"name": "fedprox"}, [{"name": "dea"}]),
+    "feddyn": ({"name": "feddyn"}, None),
+    "fedbn": ({"name": "fedbn"}, None),
+    "moon": ({"name": "moon", "projection_dim": 32}, None),
+    "fedper": ({"name": "fedper"}, None),
+    "fedadam": ({"name": "fedadam"}, None),
+}
+FEDERATIONS = {"one-task": {"kind": "one-per-client"}, "multi-task": {"kind": "dirichlet", "zeta": 0.5}}
+
+
+def kernel_config(method: dict[str, Any], plugins: list[dict[str, Any]] | None, clients: int, federation: str,
+                  execution: str = "auto") -> RunConfig:
+    """The kernel workload: digits-tasks (4 tasks), the small CNN with BatchNorm, gradient clipping, 4 local steps
+    of batch 32, every client sampled, no evaluation in the rounds counted."""
+    return validate({
+        "name": f"kernels-{method['name']}-{clients}", "method": method, "rounds": 10, "seed": 0,
+        "benchmark": {"name": "digits-tasks", "tasks": ["digit", "parity", "rotated", "mod3"]},
+        "federation": {"num_clients": clients, "tasks": FEDERATIONS[federation], "samples": {"kind": "iid"}},
+        "model": {"backbone": "cnn", "channels": [8, 16], "hidden": 32, "norm": "batch"},
+        "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_steps": 4, "batch_size": 32,
+                  "grad_clip": 1.0},
+        "plugins": plugins, "eval_every": 10, "reference": None, "execution": execution,
+    })
+
+
+def round_kernels(config: RunConfig) -> KernelCounter:
+    """The ops of one training round of `config` (its second: the first builds models and caches)."""
+    from manytask.bench import engine_runner
+
+    with engine_runner(config) as run:
+        run(1)
+        return counted(lambda: run(1))
+
+
+def kernel_table(clients: tuple[int, int] = (4, 32), execution: str = "auto",
+                 hosts: dict[str, tuple[dict[str, Any], list[dict[str, Any]] | None]] = KERNEL_HOSTS,
+                 ) -> list[dict[str, Any]]:
+    """Per host and federation: ops and host syncs of one round at each client count, and the ratio of ops."""
+    torch.set_num_threads(1)
+    rows = []
+    for label, (method, plugins) in hosts.items():
+        for federation in FEDERATIONS:
+            few, many = (round_kernels(kernel_config(method, plugins, n, federation, execution)) for n in clients)
+            rows.append({"host": label, "federation": federation, "clients": list(clients),
+                         "ops": [few.ops, many.ops], "syncs": [few.syncs, many.syncs], "ratio": many.ops / few.ops})
+    return rows
