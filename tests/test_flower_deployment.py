@@ -45,7 +45,8 @@ def _assert_loopback_only(cluster):
 @pytest.mark.slow
 def test_fedavg_and_fedprox_on_three_supernodes_match_the_local_engine(tmp_path):
     methods = ["fedavg", {"name": "fedprox", "mu": 0.1}]
-    local = run_config(validate(small_config_dict(federation=THREE_CLIENTS, method=methods, rounds=2, eval_every=2)),
+    local = run_config(validate(small_config_dict(federation=THREE_CLIENTS, method=methods, rounds=2, eval_every=2,
+                                                  execution="sequential")),
                        tmp_path / "local")
     with LocalCluster(3, tmp_path / "cluster") as cluster:
         _assert_loopback_only(cluster)

@@ -12,9 +12,10 @@ from manytask.engine.checkpoint import load_checkpoint
 from manytask.experiment import Experiment
 from manytask.messages import Message
 from manytask.methods.base import ClientContext
+from manytask.methods.common.aggregation import weighted_average
 from manytask.methods.common.updates import Update
 from manytask.methods.hosts.base import HostServer, TrainedCopy
-from manytask.methods.hosts.fedacg import FedAcgParams, FedAcgServer, momentum_step
+from manytask.methods.hosts.fedacg import FedAcgParams, FedAcgServer
 from manytask.methods.hosts.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from manytask.methods.hosts.feddyn import (
     GRADIENT_PREFIX,
@@ -25,6 +26,7 @@ from manytask.methods.hosts.feddyn import (
     updated_gradients,
 )
 from manytask.methods.hosts.fednova import FedNovaServer, normalized_step, normalizing_factor
+from manytask.methods.hosts.rules import Momentum
 from manytask.models.multitask import trainable_state
 from manytask.run import resume, run_config
 from tests.conftest import small_config_dict
@@ -109,7 +111,9 @@ def test_feddyn_local_terms_and_gradient_update_by_hand():
     assert loss.item() == pytest.approx(-0.45 * entries)
     for name, p in model.named_parameters():  # head b is not this copy's: no term, no gradient
         assert p.grad is None if name.startswith("heads.b.") else torch.allclose(p.grad, torch.full_like(p, -0.4))
-    client.finish(ClientContext(0, 0, {}, state), copy)
+    ctx = ClientContext(0, 0, {}, state)
+    update = client.state_update(ctx, copy)
+    client.keep_state(ctx, copy, update, update.apply({k: p.detach() for k, p in model.named_parameters()}))
     assert {k.removeprefix(f"a/{GRADIENT_PREFIX}") for k in state} == trained
     assert all(torch.allclose(g, torch.full_like(g, 0.4)) for g in state.values())  # g − α(θ − θ_sent)
     assert torch.allclose(updated_gradients({"w": torch.ones(1)}, {"w": torch.tensor([3.0])},
@@ -185,7 +189,9 @@ def test_momentum_step_by_hand_with_per_entry_weights():
     theta, momentum = {"w": torch.zeros(2)}, {"w": torch.ones(2)}
     deltas = [{"w": torch.tensor([2.0, 2.0])}, {"w": torch.tensor([-2.0, -2.0])}]
     weights = [{"w": torch.tensor([1.0, 3.0])}, {"w": torch.tensor([1.0, 1.0])}]
-    new_theta, new_momentum = momentum_step(theta, momentum, deltas, weights, lam=0.5)
+    delta = weighted_average(deltas, weights)
+    new_theta, state = Momentum(0.5).step(theta, {"momentum": momentum}, delta)
+    new_momentum = state["momentum"]
     # Δ = [0, 1]; m = 0.5·1 + Δ; θ = 0 + m
     assert torch.allclose(new_momentum["w"], torch.tensor([0.5, 1.5]))
     assert torch.allclose(new_theta["w"], torch.tensor([0.5, 1.5]))

@@ -20,6 +20,7 @@ CONFIG = {
     "federation": {"num_clients": 6, "tasks": {"kind": "dirichlet", "zeta": 0.5}, "samples": {"kind": "iid"}},
     "model": {"backbone": "mlp", "hidden": [32]},
     "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 32},
+    "execution": "sequential",  # worker processes run clients one after another; batched equals it within rounding
 }
 LABELS = ["fedavg", "fedprox", "fedavg+dea", "fedper", "feddyn"]
 

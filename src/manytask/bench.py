@@ -32,6 +32,7 @@ from manytask.engine.loop import RoundLoop
 from manytask.engine.pool import ProcessPoolTransport
 from manytask.errors import unknown_choice
 from manytask.experiment import Experiment
+from manytask.kernels import kernel_table
 from manytask.rundir import RunDir
 from manytask.seeding import derive_seed
 
@@ -50,7 +51,7 @@ def engine_config(clients: int, rounds: int, seed: int = 0) -> RunConfig:
         "federation": {"num_clients": clients, "tasks": {"kind": "dirichlet", "zeta": 0.5}, "samples": {"kind": "iid"}},
         "model": {"backbone": "mlp", "hidden": [64]},
         "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 32},
-        "eval_every": rounds, "reference": None,
+        "eval_every": rounds, "reference": None, "execution": "sequential",
     })
 
 
@@ -292,7 +293,7 @@ def flower_installed() -> bool:
     return importlib.util.find_spec("flwr") is not None
 
 
-PARTS = ("engine", "workers", "memory", "matu", "sfmtl", "flower")  # what `--only` can pick
+PARTS = ("kernels", "engine", "workers", "memory", "matu", "sfmtl", "flower")  # what `--only` can pick
 
 
 def run_bench(
@@ -305,6 +306,7 @@ def run_bench(
     if unknown:
         raise unknown_choice("bench part", unknown[0], PARTS)
     measures: dict[str, tuple[str, Callable[[], Any]]] = {
+        "kernels_per_round": ("kernels", kernel_table),
         "engine_overhead": ("engine", lambda: engine_overhead(rounds=rounds)),
         "parallel_clients": ("workers", lambda: parallel_speedup(rounds=rounds)),
         "peak_memory": ("memory", peak_memory),
@@ -320,6 +322,15 @@ def run_bench(
 
 
 BenchTable = tuple[list[str], list[list[str]], str]  # headers, rows, title
+
+
+def _kernels_table(rows: list[dict]) -> BenchTable:
+    few, many = rows[0]["clients"]
+    return (
+        ["host", "federation", f"ops, {few} clients", f"ops, {many} clients", f"{many} ÷ {few}", "host syncs"],
+        [[r["host"], r["federation"], str(r["ops"][0]), str(r["ops"][1]), f"{r['ratio']:.2f}",
+          f"{r['syncs'][0]} / {r['syncs'][1]}"] for r in rows],
+        "kernels (non-view aten ops) per training round, execution auto (CNN + BatchNorm, grad clip, 4 local steps)")
 
 
 def _engine_table(rows: list[dict]) -> BenchTable:
@@ -372,6 +383,7 @@ def _flower_table(sim: dict) -> BenchTable:
 
 
 TABLES: dict[str, Callable[[Any], BenchTable]] = {  # the printed tables, in order, by their part's JSON key
+    "kernels_per_round": _kernels_table,
     "engine_overhead": _engine_table, "parallel_clients": _workers_table, "peak_memory": _memory_table,
     "matu_server_step": _matu_table, "sfmtl_graph": _sfmtl_table, "flower_simulation": _flower_table,
 }

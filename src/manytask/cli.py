@@ -141,9 +141,12 @@ def bench(
     matu_d: Annotated[int, typer.Option("--matu-d", min=1, help="entries of MaTU's unified vector")] = 10_000_000,
     sfmtl_clients: Annotated[int, typer.Option("--sfmtl-clients", min=2, help="SFMTL-Graph's participants")] = 1000,
     only: Annotated[list[str] | None, typer.Option(
-        "--only", help="measure only this part (repeatable): engine, workers, memory, matu, sfmtl, flower")] = None,
+        "--only", help="measure only this part (repeatable): kernels, engine, workers, memory, matu, sfmtl, "
+        "flower")] = None,
+    kernels: Annotated[bool, typer.Option("--kernels", help="only the kernels per round (--only kernels)")] = False,
 ) -> None:
-    """Measure the speed ratios on this machine, side by side (docs/performance.md): the local engine, sequential
+    """Measure the speed ratios on this machine, side by side (docs/performance.md): kernels per training round at
+    32 clients against 4 for the hosts, under execution auto; the local engine, sequential
     and vectorized, against a bare PyTorch loop doing the same SGD steps, at 30 and 100 clients; two worker processes
     against one; peak memory at 1 000 and 10 000 clients; MaTU's and SFMTL-Graph's server steps; Flower's simulation
     against the local engine (when Flower is installed)."""
@@ -151,7 +154,7 @@ def bench(
     from manytask.report import rich_table
 
     def body() -> None:
-        results = run_bench(out, rounds, flower, matu_d, sfmtl_clients, only or PARTS)
+        results = run_bench(out, rounds, flower, matu_d, sfmtl_clients, ["kernels"] if kernels else only or PARTS)
         for headers, rows, title in tables(results):
             out_console.print(rich_table(headers, rows, title))
         out_console.print(f"machine: {results['machine']['processor']}, {results['machine']['platform']}; "

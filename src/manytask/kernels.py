@@ -4,8 +4,8 @@
 A federated round of small clients is bound by launches, not arithmetic, so the count that matters is how it grows
 with the clients of a round: `manytask bench --kernels` prints the ratio of a round of 32 clients to a round of 4
 for the hosts of `KERNEL_HOSTS`, on a one-task-per-client federation and on a multi-task one. A round is counted
-after a first, uncounted round (which builds models and caches), with no evaluation in it, the engine's whole round
-included: payloads, training, replies, screening, aggregation and the checkpoint."""
+as a 2-round run minus a 1-round run, with no evaluation in either, the engine's whole round included: payloads,
+training, replies, screening, aggregation and the checkpoint."""
 
 from __future__ import annotations
 
@@ -81,12 +81,19 @@ def kernel_config(method: dict[str, Any], plugins: list[dict[str, Any]] | None, 
 
 
 def round_kernels(config: RunConfig) -> KernelCounter:
-    """The ops of one training round of `config` (its second: the first builds models and caches)."""
-    from manytask.bench import engine_runner
+    """The ops of one training round of `config`: a fresh 2-round run's minus a fresh 1-round run's (so the count
+    holds no set-up, no evaluation and no checkpoint read, only the second round's work)."""
+    from manytask.bench import engine_runner  # the bench imports this module
 
-    with engine_runner(config) as run:
-        run(1)
-        return counted(lambda: run(1))
+    counts = []
+    for rounds in (1, 2):
+        with engine_runner(config) as run:
+            counts.append(counted(lambda rounds=rounds: run(rounds)))
+    one, two = counts
+    difference = KernelCounter()
+    difference.by_op.update(two.by_op)
+    difference.by_op.subtract(one.by_op)
+    return difference
 
 
 def kernel_table(clients: tuple[int, int] = (4, 32), execution: str = "auto",

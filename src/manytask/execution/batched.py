@@ -225,6 +225,27 @@ def _group_targets(round_: _Round, group: _HeadGroup, local: Tensor) -> tuple[Te
     return torch.cat(ys), local.index_select(1, rows) + starts.view(1, -1, 1)
 
 
+def _per_leaf(round_: _Round, per_client: Sequence[Mapping[str, Tensor]], leaves: Mapping[str, Tensor]
+              ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Per-client tensors by parameter name, placed on the rows of the leaves that train them: per leaf, the stacked
+    values (zeros on rows without one) and `present`, (rows,), 1 where a row has one."""
+    places: dict[str, list[tuple[int, Tensor]]] = {}
+    for client, tensors in enumerate(per_client):
+        for name, value in tensors.items():
+            place = round_.leaf_of(client, name)
+            if place is None:
+                raise Unbatchable(f"a client's objective covers a parameter that is not trained ({name})")
+            places.setdefault(place[0], []).append((place[1], value))
+    stacked, present = {}, {}
+    for leaf, entries in places.items():
+        values = torch.zeros_like(leaves[leaf])
+        rows = torch.tensor([row for row, _ in entries], device=values.device)
+        values.index_copy_(0, rows, torch.stack([value for _, value in entries]).to(values.dtype))
+        present[leaf] = torch.zeros(len(values), dtype=values.dtype, device=values.device).index_fill_(0, rows, 1.0)
+        stacked[leaf] = values
+    return stacked, present
+
+
 class _StackedTerm:
     """One hook position's parameter terms of every client, over the leaves."""
 
@@ -232,25 +253,29 @@ class _StackedTerm:
         self.term = terms[0]
         if any(t.scale != self.term.scale or t.piece is not self.term.piece for t in terms):
             raise Unbatchable("clients of the round weigh a training term differently")
-        self.operands: dict[str, Tensor] = {}
-        self.present: dict[str, Tensor] = {}
-        places: dict[str, list[tuple[int, Tensor]]] = {}
-        for client, term in enumerate(terms):
-            for name, operand in term.operands.items():
-                place = round_.leaf_of(client, name)
-                if place is None:
-                    raise Unbatchable(f"a training term covers a parameter that is not trained ({name})")
-                places.setdefault(place[0], []).append((place[1], operand))
-        for leaf, entries in places.items():
-            stacked = torch.zeros_like(leaves[leaf])
-            present = torch.zeros(len(stacked), dtype=stacked.dtype, device=stacked.device)
-            rows = torch.tensor([row for row, _ in entries], device=stacked.device)
-            stacked.index_copy_(0, rows, torch.stack([operand for _, operand in entries]).to(stacked.dtype))
-            present.index_fill_(0, rows, 1.0)
-            self.operands[leaf], self.present[leaf] = stacked, present
+        self.operands, self.present = _per_leaf(round_, [t.operands for t in terms], leaves)
 
     def loss(self, live: Mapping[str, Tensor]) -> Tensor:
         return self.term.stacked_loss(live, self.operands, self.present)
+
+
+def _updated_states(round_: _Round, leaves: Mapping[str, Tensor]) -> list[dict[str, Tensor]]:
+    """Each client's `StateUpdate` applied to its trained parameters, all clients' at once per leaf (views of the
+    results, by parameter name); empty dicts where the plans carry none."""
+    updates = [plan.update for plan in round_.plans]
+    if all(u is None for u in updates):
+        return [{} for _ in updates]
+    if any(u is None for u in updates) or len({u.function for u in updates}) > 1:
+        raise Unbatchable("clients of the round update their state differently")
+    state, _ = _per_leaf(round_, [u.state for u in updates], leaves)
+    reference, _ = _per_leaf(round_, [u.reference for u in updates], leaves)
+    function = updates[0].function
+    rows = {leaf: function(state[leaf], leaves[leaf], reference[leaf]).unbind(0) for leaf in state}
+    results = []
+    for client, update in enumerate(updates):
+        places = {name: round_.leaf_of(client, name) for name in update.state}
+        results.append({name: rows[leaf][row] for name, (leaf, row) in places.items()})
+    return results
 
 
 def _stacked_terms(round_: _Round, leaves: Mapping[str, Tensor]) -> list[_StackedTerm]:
@@ -351,7 +376,7 @@ def train_batched(
             optimizer.step([leaves[n] for n in names], grads, [None if a is None else a[step] for a in
                                                                (active[n] for n in names)])
         recorded.append(step_losses.detach())
-    return _results(round_, leaves, running, steps, recorded)
+    return _results(round_, leaves, running, steps, recorded, _updated_states(round_, leaves))
 
 
 def _head_loss(head: nn.Module, sample_loss: Callable[[Tensor, Tensor], Tensor]):
@@ -372,7 +397,7 @@ def _active(steps: list[int], owners: Mapping[str, Tensor | None], device: torch
 
 
 def _results(round_: _Round, leaves: Mapping[str, Tensor], running: Mapping[str, Tensor], steps: list[int],
-             recorded: list[Tensor]) -> list[PlanResult]:
+             recorded: list[Tensor], states: list[dict[str, Tensor]]) -> list[PlanResult]:
     """Each client's trained parameters and buffers (views of the stacks, which change no more) and its report."""
     totals = torch.stack(recorded).double().sum(0).tolist() if recorded else []
     pair_losses: dict[tuple[int, str], float] = {}
@@ -392,5 +417,5 @@ def _results(round_: _Round, leaves: Mapping[str, Tensor], running: Mapping[str,
         for name in round_.buffer_names:
             params[BUFFER_PREFIX + name] = buffers[name][c]
         losses = {t: pair_losses[c, t] / max(steps[c], 1) for t in plan.data}
-        results.append(PlanResult(params, TrainReport(steps[c], losses)))
+        results.append(PlanResult(params, TrainReport(steps[c], losses), states[c]))
     return results

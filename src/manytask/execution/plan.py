@@ -7,6 +7,7 @@ with the reason, before anything changes, and the engine runs those clients one 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torch import Tensor
@@ -21,6 +22,22 @@ class Unbatchable(Exception):
 
 
 @dataclass
+class StateUpdate:
+    """A client's state after training, written once as an elementwise function per parameter:
+    new_k = function(state_k, trained_k, reference_k) for every parameter k in `state`. Either executor applies it:
+    to one client's tensors, or to every client's stacked at once."""
+
+    state: dict[str, Tensor]  # the client's current values, by parameter name
+    reference: dict[str, Tensor]  # per parameter in `state`, the value the function compares with (what was sent)
+    function: Callable[[Tensor, Tensor, Tensor], Tensor]
+    prefix: str = ""  # where the client keeps the new state (the executor ignores it)
+
+    def apply(self, trained: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The new state from one client's trained parameters."""
+        return {k: self.function(v, trained[k], self.reference[k]) for k, v in self.state.items()}
+
+
+@dataclass
 class ClientPlan:
     """One client's local training in a round."""
 
@@ -28,9 +45,11 @@ class ClientPlan:
     start: dict[str, Tensor]  # its initial value of every trainable parameter and buffer, by module name
     seed: int
     terms: list[ParameterTerm] = field(default_factory=list)
+    update: StateUpdate | None = None
 
 
 @dataclass
 class PlanResult:
     params: dict[str, Tensor]  # trained parameters by name, buffers as `buffer/<name>` (the `trainable_state` form)
     report: TrainReport
+    state: dict[str, Tensor] = field(default_factory=dict)  # the plan's `update` applied, by parameter name

@@ -3,7 +3,18 @@ hosts (one global model), plug-ins over any host, personalized methods, many-tas
 
 from manytask.methods import reference  # noqa: F401  (registration)
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, ServerProgram, Setup
-from manytask.methods.hosts import fedacg, fedavg, fedbn, feddyn, fedga, fednova, fedprox, gradnorm, moon  # noqa: F401
+from manytask.methods.hosts import (  # noqa: F401
+    adaptive,
+    fedacg,
+    fedavg,
+    fedbn,
+    feddyn,
+    fedga,
+    fednova,
+    fedprox,
+    gradnorm,
+    moon,
+)
 from manytask.methods.manytask import matfl, matu, sfmtl  # noqa: F401  (registration)
 from manytask.methods.mas import fixed_split, hoa, mas, one_by_one, tag  # noqa: F401  (registration)
 from manytask.methods.personalized import fedper, fedu, pfedme  # noqa: F401  (registration)

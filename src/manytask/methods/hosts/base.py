@@ -34,7 +34,7 @@ from manytask.client.trainer import (
 from manytask.devices import on_device
 from manytask.errors import clipped
 from manytask.execution.batched import train_batched
-from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
+from manytask.execution.plan import ClientPlan, PlanResult, StateUpdate, Unbatchable
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
@@ -155,6 +155,15 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         """After training a copy: update client state; return extra scalars to upload."""
         return {}
 
+    def state_update(self, ctx: ClientContext, copy: TrainedCopy) -> StateUpdate | None:
+        """The copy's client state after training, as one elementwise function per parameter (FedDyn's g), which
+        either executor applies; None: nothing beyond `finish`."""
+        return None
+
+    def keep_state(self, ctx: ClientContext, copy: TrainedCopy, update: StateUpdate, new: Mapping[str, Tensor]
+                   ) -> None:
+        ctx.state.update({copy.state_prefix + update.prefix + k: v for k, v in new.items()})
+
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
         assert payload is not None, "host clients always receive the global model"
         received = self.received(ctx, payload)
@@ -172,13 +181,15 @@ class HostClient(HostModel, ClientProgram[HostParams]):
     def fit_many(self, ctxs: list[ClientContext], payloads: list[Message | None]) -> list[Message | None]:
         """The round's clients trained as one batched computation (`execution/batched.py`), each then concluded
         and uploaded exactly as `fit` does."""
+        self._check_batchable()
         trainer, (round_index, rounds) = self.trainer(ctxs[0]), self.schedule(ctxs[0])
-        self._check_batchable(trainer)
+        if type(trainer).train is not Trainer.train:
+            raise Unbatchable(f"{type(self).__name__} trains with a trainer of its own")
         received = [self.received(ctx, payload) for ctx, payload in zip(ctxs, payloads, strict=True)]
         plans = [self._plan(ctx, sent) for ctx, sent in zip(ctxs, received, strict=True)]
         results = train_batched(self.template[0], trainer, plans, round_index, rounds)
-        return [self._reply_batched(ctx, sent, result)
-                for ctx, sent, result in zip(ctxs, received, results, strict=True)]
+        return [self._reply_batched(ctx, sent, plan, result)
+                for ctx, sent, plan, result in zip(ctxs, received, plans, results, strict=True)]
 
     @cached_property
     def template(self) -> tuple[MultiTaskModel, nn.Module]:
@@ -203,12 +214,10 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
         return {**params, **{n: b.detach() for n, b in model.named_buffers()}}
 
-    def _check_batchable(self, trainer: Trainer) -> None:
+    def _check_batchable(self) -> None:
         overridden = [name for name in ("fit", "start") if getattr(type(self), name) is not getattr(HostClient, name)]
         if overridden:
             raise Unbatchable(f"{type(self).__name__} has a {overridden[0]} of its own")
-        if type(trainer).train is not Trainer.train:
-            raise Unbatchable(f"{type(self).__name__} trains with a trainer of its own")
         if self.params.per_task:
             raise Unbatchable("per_task trains one copy per held task")
 
@@ -227,9 +236,11 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         if acting:
             raise Unbatchable(f"hook {acting[0]} acts inside the training step")
         start = merged_state(self.initial_values, received, self.local_state(ctx, copy))
-        return ClientPlan(dict(ctx.data), start, copy.seed, [h for h in hooks if isinstance(h, ParameterTerm)])
+        return ClientPlan(dict(ctx.data), start, copy.seed, [h for h in hooks if isinstance(h, ParameterTerm)],
+                          self.state_update(ctx, copy))
 
-    def _reply_batched(self, ctx: ClientContext, received: dict[str, Tensor], result: PlanResult) -> Message:
+    def _reply_batched(self, ctx: ClientContext, received: dict[str, Tensor], plan: ClientPlan, result: PlanResult
+                       ) -> Message:
         """`fit`'s reply from a batched result: without a model where the host's `finish` and `upload` are the
         plain ones, else from a model holding the trained values."""
         tensors: dict[str, Tensor] = {}
@@ -239,6 +250,8 @@ class HostClient(HostModel, ClientProgram[HostParams]):
             keys = self.template_keys(tuple(copy.tasks))
             scalars.update({LOSS_PREFIX + t: loss for t, loss in result.report.mean_loss.items()})
             tensors.update(self.split_upload(ctx, copy, {k: result.params[k] for k in keys}))
+            if plan.update is not None:
+                self.keep_state(ctx, copy, plan.update, result.state)
         else:
             model, module = self.models.take(ctx)
             load_state(model, result.params)  # the rest keeps its initial values: no buffers, nothing frozen moves
@@ -253,6 +266,10 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         """After a copy is trained: its losses and `finish` scalars into `scalars`, its upload into `tensors`."""
         scalars.update({LOSS_PREFIX + t: loss for t, loss in report.mean_loss.items()})
         scalars.update(self.finish(ctx, copy))
+        update = self.state_update(ctx, copy)
+        if update is not None:
+            trained = {k: p.detach() for k, p in copy.model.named_parameters()}
+            self.keep_state(ctx, copy, update, update.apply(trained))
         tensors.update(self.upload(ctx, copy))
 
     def reply(self, ctx: ClientContext, tensors: dict[str, Tensor], scalars: dict[str, float]) -> Message:

@@ -5,7 +5,7 @@ Server state: θ (the global model, which is what is evaluated) and momentum m (
 first). Payload: the lookahead θ̃ = θ + λ m for parameters, buffers as they are. Client: FedAvg's, plus the
 regularizer (β/2)‖θ − θ̃‖² (FedProx's `ProximalHook`). Server, per parameter key over the updates that hold it,
 with p_n = w_n / Σ_m w_m (per entry for tensor weights):
-    Δ = Σ_n p_n (θ_n − θ̃);   m ← λ m + Δ;   θ ← θ + m  (= θ̃ + Δ).
+    Δ = Σ_n p_n (θ_n − θ̃);   m ← λ m + Δ;   θ ← θ + m  (= θ̃ + Δ)   (`rules.Momentum`).
 Keys no update holds keep θ and m. Buffers are averaged with FedAvg's weights.
 Defaults follow the paper and the authors' code (geehokim/FedACG): λ = 0.85 and β = 0.001. The authors' code
 weights Σ‖θ − θ̃‖² by 1e-3 without the ½, which is β = 0.002 here; we keep the paper's β/2 form and its 0.001.
@@ -13,20 +13,18 @@ weights Σ‖θ − θ̃‖² by 1e-3 without the ½, which is β = 0.002 here; 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import ClassVar
 
-import torch
 from pydantic import Field
 from torch import Tensor
 
 from manytask.client.trainer import TrainHook
 from manytask.messages import Message
-from manytask.methods.base import ClientContext, MethodDef, Setup
-from manytask.methods.common.aggregation import Weight, weighted_average
-from manytask.methods.common.updates import Update, is_parameter
-from manytask.methods.hosts.base import HostClient, HostParams, HostServer, TrainedCopy
+from manytask.methods.base import ClientContext, MethodDef
+from manytask.methods.hosts.base import HostClient, HostParams, TrainedCopy
 from manytask.methods.hosts.fedprox import ProximalHook
+from manytask.methods.hosts.rules import Momentum, RuleServer
 from manytask.methods.registry import HOST, register_method
 from manytask.search_space import Space, log_range, uniform
 
@@ -43,16 +41,6 @@ def lookahead(state: Mapping[str, Tensor], momentum: Mapping[str, Tensor], lam: 
     return {k: v + lam * momentum[k] if k in momentum else v for k, v in state.items()}
 
 
-def momentum_step(
-    theta: Mapping[str, Tensor], momentum: Mapping[str, Tensor], deltas: Sequence[Mapping[str, Tensor]],
-    weights: Sequence[Mapping[str, Weight]], lam: float,
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """(θ, m) after FedACG's server step, per key held by some update, with Δ_n = θ_n − θ̃:
-    Δ = Σ_n p_n Δ_n;  m ← λ m + Δ;  θ ← θ + m."""
-    new_momentum = {k: lam * momentum[k] + d for k, d in weighted_average(deltas, weights).items()}
-    return {k: theta[k] + m for k, m in new_momentum.items()}, new_momentum
-
-
 class FedAcgClient(HostClient):
     params: FedAcgParams
 
@@ -61,24 +49,15 @@ class FedAcgClient(HostClient):
         return [ProximalHook(dict(copy.model.named_parameters()), copy.received, self.params.beta)]
 
 
-class FedAcgServer(HostServer):
+class FedAcgServer(RuleServer):
     params: FedAcgParams
 
-    def __init__(self, setup: Setup, params: FedAcgParams) -> None:
-        super().__init__(setup, params)
-        self.parts["momentum"] = {k: torch.zeros_like(v) for k, v in self.global_state.items() if is_parameter(k, v)}
+    def build_rule(self) -> Momentum:
+        return Momentum(self.params.lam)
 
     def payload_for(self, client: int) -> Message:
         return Message.from_tensors(lookahead(super().payload_for(client).tensors(), self.parts["momentum"],
                                               self.params.lam))
-
-    def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
-        theta, momentum = momentum_step(self.global_state, self.parts["momentum"], [u.deltas() for u in updates],
-                                        [u.weights for u in updates], self.params.lam)
-        self.average_buffers(updates)
-        self.global_state.update(theta)
-        self.parts["momentum"].update(momentum)
-        return {}
 
 
 register_method(

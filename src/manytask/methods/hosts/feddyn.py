@@ -15,7 +15,8 @@ Keys no update holds keep θ and h. Buffers are averaged with FedAvg's weights.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
 from typing import ClassVar
 
 import torch
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from manytask.client.terms import ParameterTerm
 from manytask.client.trainer import TrainHook
+from manytask.execution.plan import StateUpdate
 from manytask.methods.base import ClientContext, MethodDef, Setup
 from manytask.methods.common.aggregation import Weight, weighted_average
 from manytask.methods.common.updates import Update, is_parameter
@@ -55,11 +57,20 @@ def linear_term(params: Mapping[str, Tensor], gradients: Mapping[str, Tensor]) -
     return -1.0 * total
 
 
+def gradient_step(alpha: float) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """g ← g − α (θ − θ_sent) (Algorithm 1, the client's state update), one parameter (or a stack of them)."""
+
+    def step(gradient: Tensor, trained: Tensor, sent: Tensor) -> Tensor:
+        return gradient - alpha * (trained - sent)
+
+    return step
+
+
 def updated_gradients(
     gradients: Mapping[str, Tensor], trained: Mapping[str, Tensor], sent: Mapping[str, Tensor], alpha: float
 ) -> dict[str, Tensor]:
-    """g_n ← g_n − α (θ_n − θ_sent) (Algorithm 1, the client's state update)."""
-    return {k: g - alpha * (trained[k] - sent[k]) for k, g in gradients.items()}
+    """g_n ← g_n − α (θ_n − θ_sent) for every parameter g_n covers."""
+    return StateUpdate(dict(gradients), dict(sent), gradient_step(alpha)).apply(dict(trained))
 
 
 def dynamic_server_step(
@@ -93,18 +104,21 @@ class FedDynClient(HostClient):
     def gradients(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, Tensor]:
         """g_n of this copy, zeros before its first round."""
         prefix = copy.state_prefix + GRADIENT_PREFIX
-        return {k: ctx.state.get(prefix + k, torch.zeros_like(v)) for k, v in self.regularized(copy).items()}
+        return {k: ctx.state[prefix + k] if prefix + k in ctx.state else torch.zeros_like(v)
+                for k, v in self.regularized(copy).items()}
 
     def hooks(self, ctx: ClientContext, copy: TrainedCopy) -> list[TrainHook]:
         params = dict(copy.model.named_parameters())
         return [ProximalHook(params, self.regularized(copy), self.params.alpha),
                 LinearTermHook(params, self.gradients(ctx, copy))]
 
-    def finish(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, float]:
-        trained = {k: p.detach() for k, p in copy.model.named_parameters()}
-        gradients = updated_gradients(self.gradients(ctx, copy), trained, self.regularized(copy), self.params.alpha)
-        ctx.state.update({copy.state_prefix + GRADIENT_PREFIX + k: g for k, g in gradients.items()})
-        return {}
+    @cached_property
+    def step(self) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+        return gradient_step(self.params.alpha)
+
+    def state_update(self, ctx: ClientContext, copy: TrainedCopy) -> StateUpdate:
+        """g_n ← g_n − α (θ_n − θ_sent), kept under `feddyn_g/`."""
+        return StateUpdate(self.gradients(ctx, copy), self.regularized(copy), self.step, GRADIENT_PREFIX)
 
 
 class FedDynServer(HostServer):

@@ -43,7 +43,7 @@ class ProximalHook(ParameterTerm):
     tensors under other names) that the anchor holds."""
 
     def __init__(self, params: Mapping[str, Tensor], anchor: Mapping[str, Tensor], mu: float) -> None:
-        super().__init__(params, {k: v.detach().clone() for k, v in anchor.items() if k in params}, 0.5 * mu,
+        super().__init__(params, {k: v.detach() for k, v in anchor.items() if k in params}, 0.5 * mu,
                          squared_distance)
 
 
