@@ -45,14 +45,38 @@ def test_vectorized_runs_give_the_sequential_numbers(tmp_path, capsys):
         assert vectorized[label]["average"] == pytest.approx(sequential[label]["average"], abs=0.01), label
 
 
+BATCH_NORM_RUN = {  # a CNN with BatchNorm, gradient clipping: the hosts whose clients keep state or add terms
+    **RUN, "name": "bn", "dropout": 0.0,
+    "method": ["fedbn", {"name": "moon", "projection_dim": 16}, "fedadam", {"name": "fedacg", "beta": 0.01},
+               {"name": "fedbn", "label": "fedbn+dea", "plugin": {"name": "dea", "rho": 0.5}}, "fedper"],
+    "model": {"backbone": "cnn", "channels": [4, 8], "hidden": 16, "norm": "batch"},
+    "train": {**RUN["train"], "grad_clip": 1.0},
+}
+
+
+@pytest.mark.slow
+def test_batched_hosts_with_batch_norm_and_client_state_give_the_sequential_numbers(tmp_path, capsys):
+    sequential = run_config(validate({**BATCH_NORM_RUN, "execution": "sequential"}), tmp_path / "seq")
+    batched = run_config(validate(BATCH_NORM_RUN), tmp_path / "auto")
+    assert "one after another" not in capsys.readouterr().err
+    for label in sequential:
+        seq, bat = _rows(tmp_path / "seq" / label / "metrics.jsonl"), _rows(tmp_path / "auto" / label / "metrics.jsonl")
+        for a, b in zip(seq, bat, strict=True):
+            for key, loss in a["fit"].items():
+                assert b["fit"][key] == pytest.approx(loss, rel=1e-4), (label, key)
+            for task, metrics in a["eval"].items():
+                assert b["eval"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), (label, task)
+        assert batched[label]["average"] == pytest.approx(sequential[label]["average"], abs=0.01), label
+
+
 @pytest.mark.slow
 def test_methods_that_cannot_vectorize_run_sequentially_with_one_notice(tmp_path, capsys):
-    config = {**RUN, "method": ["moon", {"name": "fedavg", "per_task": True}]}
+    config = {**RUN, "method": ["gradnorm", {"name": "fedavg", "per_task": True}]}
     sequential = run_config(validate({**config, "execution": "sequential"}), tmp_path / "seq")
     vectorized = run_config(validate({**config, "execution": "vectorized"}), tmp_path / "vec")
     notices = [line for line in capsys.readouterr().err.splitlines() if "one after another" in line]
-    assert len(notices) == 2 and "hook" in notices[0] and "per_task" in notices[1], notices
-    for label in ("moon", "fedavg"):
+    assert len(notices) == 2 and "fit of its own" in notices[0] and "per_task" in notices[1], notices
+    for label in ("gradnorm", "fedavg"):
         assert vectorized[label]["tasks"] == sequential[label]["tasks"]
         seq = _rows(tmp_path / "seq" / label / "metrics.jsonl")
         vec = _rows(tmp_path / "vec" / label / "metrics.jsonl")

@@ -44,3 +44,20 @@ class ParameterTerm(TrainHook):
         for name, operand in operands.items():
             total = total + (vmap(self.piece)(params[name], operand) * present[name]).sum()
         return self.scale * total
+
+
+class FeatureTerm(TrainHook):
+    """A loss term on the backbone features of every batch a step trains on, against frozen models the client
+    holds (MOON's model-contrastive term): scale · Σ over the step's batches of the batch mean of
+    `per_sample(z, anchor_zs)`, with z = `module`(features) of the model being trained and anchor_zs[i] =
+    `module`(backbone(x)) of frozen anchor i (in eval mode, no gradient). The batched executor evaluates it for a
+    stack of clients from `anchors` (each a list of states loaded in order over the initial model); the sequential
+    trainer calls `loss`."""
+
+    module: str  # the model's submodule applied to features; it trains with the model
+    anchors: list[list[Mapping[str, Tensor]]]
+    scale: float
+
+    def per_sample(self, z: Tensor, anchor_zs: list[Tensor]) -> Tensor:
+        """The term of each sample of one batch, (batch,)."""
+        raise NotImplementedError

@@ -19,6 +19,7 @@ The result equals sequential training up to float rounding (sums over a batch ru
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -32,7 +33,14 @@ from manytask.client.trainer import Trainer, TrainReport, index_batches, shares_
 from manytask.execution.norms import MaskedBatchNorm, NormContext, masked_copy
 from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
 from manytask.execution.steps import batched_optimizer, clip_per_client
-from manytask.models.multitask import BACKBONE_PREFIX, BUFFER_PREFIX, head_prefix, model_tensors, task_of_key
+from manytask.models.multitask import (
+    BACKBONE_PREFIX,
+    BUFFER_PREFIX,
+    head_prefix,
+    merged_state,
+    model_tensors,
+    task_of_key,
+)
 from manytask.seeding import derive_seeds
 from manytask.tasks.task import TaskKind, TaskSpec
 
@@ -129,7 +137,14 @@ class _Round:
         self.pair_places = {(c, t): (index, position) for index, group in enumerate(self.groups)
                             for position, (c, t, _) in enumerate(group.pairs)}
         self.slots = self._slots()
-        self.head_suffixes = [n for n, p in template.heads[self.groups[0].task].named_parameters()] if groups else []
+        kinds = {tuple((type(t), t.module) for t in plan.features) for plan in plans}
+        if len(kinds) > 1:
+            raise Unbatchable("clients of the round have different feature terms")
+        # per client, whole: the backbone and the modules feature terms train (MOON's projection)
+        self.client_prefixes = (BACKBONE_PREFIX, *(f"{t.module}." for t in plans[0].features))
+
+    def per_client(self, name: str) -> bool:
+        return name.startswith(self.client_prefixes)
 
     def _slots(self) -> list[tuple[int, int, Tensor | None]]:
         """The rows of each slot, (first, end, their clients; None when row r is client r), slot by slot."""
@@ -144,7 +159,7 @@ class _Round:
         """The stacked trainable leaves: backbone parameters over clients, head parameters over each group's
         pairs."""
         starts = [plan.start for plan in self.plans]
-        leaves = {n: torch.stack([s[n] for s in starts]) for n in self.names if n.startswith(BACKBONE_PREFIX)}
+        leaves = {n: torch.stack([s[n] for s in starts]) for n in self.names if self.per_client(n)}
         for index, group in enumerate(self.groups):
             for suffix, _ in self.template.heads[group.task].named_parameters():
                 leaves[group.key(index, suffix)] = torch.stack(
@@ -153,7 +168,7 @@ class _Round:
 
     def owners(self, leaves: Mapping[str, Tensor]) -> dict[str, Tensor | None]:
         """Per leaf, the client of each of its rows (None: row r is client r)."""
-        owners: dict[str, Tensor | None] = dict.fromkeys(n for n in leaves if n.startswith(BACKBONE_PREFIX))
+        owners: dict[str, Tensor | None] = dict.fromkeys(n for n in leaves if self.per_client(n))
         for index, group in enumerate(self.groups):
             clients = torch.tensor([c for c, _, _ in group.pairs], device=self.device)
             for suffix, _ in self.template.heads[group.task].named_parameters():
@@ -166,7 +181,7 @@ class _Round:
 
     def leaf_of(self, client: int, name: str) -> tuple[str, int] | None:
         """(leaf, row) where `client`'s value of parameter `name` is trained, or None when it is not trained."""
-        if name.startswith(BACKBONE_PREFIX):
+        if self.per_client(name):
             return name, client
         task = task_of_key(name)
         place = None if task is None else self.pair_places.get((client, task))
@@ -259,6 +274,54 @@ class _StackedTerm:
         return self.term.stacked_loss(live, self.operands, self.present)
 
 
+class _StackedFeatureTerm:
+    """One hook position's feature terms of every client: the frozen anchors stacked per row once a round, their
+    representations computed per step without gradient, the term on every row's batch at once."""
+
+    def __init__(self, round_: _Round, position: int) -> None:
+        self.terms = [plan.features[position] for plan in round_.plans]
+        self.term = self.terms[0]
+        if any(t.scale != self.term.scale for t in self.terms):
+            raise Unbatchable("clients of the round weigh a feature term differently")
+        self.prefix = f"{self.term.module}."
+        self.module = round_.template.get_submodule(self.term.module)
+        self.eval_backbone = copy.deepcopy(round_.template.backbone).eval()
+        self.rows = None if round_.one_row_each else round_.row_clients
+        self.per_row_tasks = torch.tensor([len(row.tasks) for row in round_.rows])
+        self.round = round_
+        initial = {**dict(round_.template.named_parameters()), **dict(round_.template.named_buffers())}
+        count = {len(t.anchors) for t in self.terms}
+        if len(count) > 1:
+            raise Unbatchable("clients of the round hold different numbers of anchor models")
+        self.anchors = [self._stacked([merged_state(initial, *t.anchors[i]) for t in self.terms])
+                        for i in range(count.pop())]
+
+    def _stacked(self, states: list[dict[str, Tensor]]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """(backbone tensors, module parameters) of one anchor, stacked over rows, by module-relative name."""
+        backbone = {n[len(BACKBONE_PREFIX):]: torch.stack([s[n] for s in states]).detach()
+                    for n in states[0] if n.startswith(BACKBONE_PREFIX)}
+        module = {n[len(self.prefix):]: torch.stack([s[n] for s in states]).detach()
+                  for n in states[0] if n.startswith(self.prefix)}
+        if self.rows is not None:
+            rows = self.rows.to(next(iter(backbone.values())).device)
+            backbone = {n: v.index_select(0, rows) for n, v in backbone.items()}
+            module = {n: v.index_select(0, rows) for n, v in module.items()}
+        return backbone, module
+
+    def _represent(self, backbone: dict[str, Tensor], module: dict[str, Tensor], x: Tensor) -> Tensor:
+        return functional_call(self.module, module, (functional_call(self.eval_backbone, backbone, (x,)),))
+
+    def loss(self, live: Mapping[str, Tensor], features: Tensor, x: Tensor, weight: Tensor) -> Tensor:
+        own = {n[len(self.prefix):]: live[n] if self.rows is None else live[n].index_select(0, self.rows.to(
+            features.device)) for n in live if n.startswith(self.prefix)}
+        z = vmap(lambda params, f: functional_call(self.module, params, (f,)))(own, features)
+        with torch.no_grad():
+            anchor_zs = [vmap(self._represent)(backbone, module, x) for backbone, module in self.anchors]
+        per_sample = vmap(self.term.per_sample)(z, anchor_zs)
+        tasks = self.per_row_tasks.to(per_sample.device, per_sample.dtype).view(-1, 1)
+        return self.term.scale * (per_sample * weight * tasks).sum()
+
+
 def _updated_states(round_: _Round, leaves: Mapping[str, Tensor]) -> list[dict[str, Tensor]]:
     """Each client's `StateUpdate` applied to its trained parameters, all clients' at once per leaf (views of the
     results, by parameter name); empty dicts where the plans carry none."""
@@ -324,6 +387,7 @@ def train_batched(
     leaves = round_.leaves()
     owners = round_.owners(leaves)
     terms = _stacked_terms(round_, leaves)
+    feature_terms = [_StackedFeatureTerm(round_, position) for position in range(len(plans[0].features))]
     device = round_.device
     inputs = torch.cat([_row_x(round_, row) for row in round_.rows])
     batches, local = _batches(round_, steps, inputs)
@@ -354,12 +418,12 @@ def train_batched(
                    for n in names if n.startswith(BACKBONE_PREFIX)}
         row_buffers = {n[strip:]: (b if round_.one_row_each else b.index_select(0, row_clients))
                        for n, b in running.items()}
-        features, stats = vmap(backbone_row)(per_row, row_buffers, x, batches.mask[step])
-        features = template.head_input(features)
+        raw_features, stats = vmap(backbone_row)(per_row, row_buffers, x, batches.mask[step])
+        features = template.head_input(raw_features)
         losses = []
         for index, (group, (y, y_index), rows) in enumerate(zip(round_.groups, targets, group_rows, strict=True)):
             head = template.heads[group.task]
-            params = {s: live[group.key(index, s)] for s in round_.head_suffixes}
+            params = {s: live[group.key(index, s)] for s, _ in head.named_parameters()}
             row_features = features if rows is None else features.index_select(0, rows)
             weight = batches.weight[step] if rows is None else batches.weight[step].index_select(0, rows)
             row_y = y.index_select(0, y_index[step].flatten()).view(*y_index.shape[1:], *y.shape[1:])
@@ -368,6 +432,8 @@ def train_batched(
         loss = step_losses.sum()
         for term in terms:
             loss = loss + term.loss(live)
+        for feature_term in feature_terms:
+            loss = loss + feature_term.loss(live, raw_features, x, batches.weight[step])
         grads = list(torch.autograd.grad(loss, [live[n] for n in names], allow_unused=True, materialize_grads=True))
         with torch.no_grad():
             _fold_statistics(round_, running, stats, momenta)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from manytask.client.terms import ParameterTerm
+from manytask.client.terms import FeatureTerm, ParameterTerm
 from manytask.client.trainer import TaskData, TrainReport
 
 
@@ -46,6 +46,7 @@ class ClientPlan:
     seed: int
     terms: list[ParameterTerm] = field(default_factory=list)
     update: StateUpdate | None = None
+    features: list[FeatureTerm] = field(default_factory=list)  # terms on each batch's features (MOON's)
 
 
 @dataclass

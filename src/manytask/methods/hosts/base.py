@@ -21,7 +21,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from manytask.client.optimizers import OptimizerFactory
-from manytask.client.terms import ParameterTerm
+from manytask.client.terms import FeatureTerm, ParameterTerm
 from manytask.client.trainer import (
     LossCombiner,
     TaskData,
@@ -160,6 +160,11 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         either executor applies; None: nothing beyond `finish`."""
         return None
 
+    def kept(self, copy: TrainedCopy, keys: Sequence[str]) -> tuple[str, list[str]]:
+        """Of the trained copy's `trainable_state` keys, those kept in client state besides being uploaded, and the
+        prefix they are kept under (MOON's previous model); none by default."""
+        return "", []
+
     def keep_state(self, ctx: ClientContext, copy: TrainedCopy, update: StateUpdate, new: Mapping[str, Tensor]
                    ) -> None:
         ctx.state.update({copy.state_prefix + update.prefix + k: v for k, v in new.items()})
@@ -232,12 +237,12 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         if self.combine(ctx, copy) is not sum_of_task_losses:
             raise Unbatchable(f"{type(self).__name__} combines task losses its own way")
         hooks = self.hooks(ctx, copy)
-        acting = [type(h).__name__ for h in hooks if not isinstance(h, ParameterTerm)]
+        acting = [type(h).__name__ for h in hooks if not isinstance(h, ParameterTerm | FeatureTerm)]
         if acting:
             raise Unbatchable(f"hook {acting[0]} acts inside the training step")
         start = merged_state(self.initial_values, received, self.local_state(ctx, copy))
         return ClientPlan(dict(ctx.data), start, copy.seed, [h for h in hooks if isinstance(h, ParameterTerm)],
-                          self.state_update(ctx, copy))
+                          self.state_update(ctx, copy), [h for h in hooks if isinstance(h, FeatureTerm)])
 
     def _reply_batched(self, ctx: ClientContext, received: dict[str, Tensor], plan: ClientPlan, result: PlanResult
                        ) -> Message:
@@ -309,9 +314,12 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         return self.split_upload(ctx, copy, trainable_state(copy.model, copy.tasks))
 
     def split_upload(self, ctx: ClientContext, copy: TrainedCopy, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Of a trained copy's `trainable_state`, what is uploaded; its local keys go to client state (copied)."""
+        """Of a trained copy's `trainable_state`, what is uploaded; its local keys go to client state (copied), and
+        so do its `kept` ones (as they are: nothing changes them after training)."""
         local = self.local_keys(list(state))
         ctx.state.update({copy.state_prefix + k: state[k].clone() for k in local})
+        prefix, kept = self.kept(copy, list(state))
+        ctx.state.update({copy.state_prefix + prefix + k: state[k] for k in kept})
         shared = {k: v for k, v in state.items() if k not in local}
         if copy.name is None:
             return shared

@@ -16,6 +16,8 @@ the projection feeds the contrastive term only.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import ClassVar
 
 import torch
@@ -23,11 +25,12 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
+from manytask.client.terms import FeatureTerm
 from manytask.client.trainer import StepContext, TrainHook
 from manytask.methods.base import ClientContext, MethodDef
 from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer, TrainedCopy
 from manytask.methods.registry import HOST, register_method
-from manytask.models.multitask import MultiTaskModel, load_state, task_of_key, trainable_state
+from manytask.models.multitask import MultiTaskModel, load_state, task_of_key
 from manytask.search_space import Space, log_range, uniform
 from manytask.seeding import derive_seed, seed_global_rng
 
@@ -42,12 +45,17 @@ class MoonParams(HostParams):
     projection_dim: int = Field(default=256, ge=1, description="output width of the projection head")
 
 
+def contrastive_logits(z: Tensor, z_glob: Tensor, z_prev: Tensor, temperature: float) -> Tensor:
+    """[cos(z, z_glob), cos(z, z_prev)]/τ per sample, (batch, 2): the global model's representation is class 0."""
+    return torch.stack([F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)],
+                       dim=1) / temperature
+
+
 def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor, temperature: float) -> Tensor:
     """MOON eq. 3 averaged over the batch, ℓ = −log( e^{cos(z, z_glob)/τ} / (e^{cos(z, z_glob)/τ} +
-    e^{cos(z, z_prev)/τ}) ): cross-entropy over the logits [cos(z, z_glob), cos(z, z_prev)]/τ, the global model's
-    representation being the positive."""
-    logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)], dim=1)
-    return F.cross_entropy(logits / temperature, torch.zeros(len(z), dtype=torch.long))
+    e^{cos(z, z_prev)/τ}) ): cross-entropy over `contrastive_logits`, the global model's representation being the
+    positive."""
+    return F.cross_entropy(contrastive_logits(z, z_glob, z_prev, temperature), torch.zeros(len(z), dtype=torch.long))
 
 
 def projection_head(width: int, projection_dim: int, seed: int) -> nn.Sequential:
@@ -75,17 +83,29 @@ class MoonModel(HostModel):
         return model, model
 
 
-class ModelContrastiveHook(TrainHook):
+class ModelContrastiveHook(FeatureTerm):
     """μ·Σ_t ℓ_t over the step's tasks, from the features of the forward pass already done (no second forward of
-    the trained model); the global and previous models are frozen."""
+    the trained model); the global and previous models are frozen, built from their states when first needed."""
 
-    def __init__(
-        self, model: MultiTaskModel, global_model: MultiTaskModel, previous_model: MultiTaskModel, params: MoonParams
-    ) -> None:
+    module = "projection"
+
+    def __init__(self, model: MultiTaskModel, anchors: list[list[dict[str, Tensor]]],
+                 build: Callable[[], MultiTaskModel], params: MoonParams) -> None:
         self.model = model
-        self.anchors = [global_model.eval().requires_grad_(False), previous_model.eval().requires_grad_(False)]
-        self.mu = params.mu
+        self.anchors = anchors  # the global model's state, then the previous model's states over it
+        self.build = build
+        self.scale = self.mu = params.mu
         self.temperature = params.temperature
+
+    @cached_property
+    def frozen(self) -> list[MultiTaskModel]:
+        models = []
+        for states in self.anchors:
+            model = self.build()
+            for state in states:
+                load_state(model, state)
+            models.append(model.eval().requires_grad_(False))
+        return models
 
     def loss(self, step: StepContext) -> Tensor | None:
         if self.mu == 0:
@@ -94,31 +114,30 @@ class ModelContrastiveHook(TrainHook):
         for task, features in step.features.items():
             x = step.batches[task][0]
             with torch.no_grad():
-                z_glob, z_prev = (representation(anchor, x) for anchor in self.anchors)
+                z_glob, z_prev = (representation(anchor, x) for anchor in self.frozen)
             z = self.model.projection(features)
             total = total + model_contrastive_loss(z, z_glob, z_prev, self.temperature)
         return self.mu * total
+
+    def per_sample(self, z: Tensor, anchor_zs: list[Tensor]) -> Tensor:
+        z_glob, z_prev = anchor_zs
+        logits = contrastive_logits(z, z_glob, z_prev, self.temperature)
+        return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device), reduction="none")
 
 
 class MoonClient(MoonModel, HostClient):
     def hooks(self, ctx: ClientContext, copy: TrainedCopy) -> list[TrainHook]:
         prefix = copy.state_prefix + PREVIOUS
         previous = {k[len(prefix):]: v for k, v in ctx.state.items() if k.startswith(prefix)}
-        return [ModelContrastiveHook(copy.model, self.frozen(copy.received), self.frozen(copy.received, previous),
-                                     self.params)]
+        build = self.build_model_only
+        return [ModelContrastiveHook(copy.model, [[copy.received], [copy.received, previous]], build, self.params)]
 
-    def frozen(self, *states: dict[str, Tensor]) -> MultiTaskModel:
-        """A fresh model with `states` loaded in order (later ones over earlier ones)."""
-        model = self.build_model()[0]
-        for state in states:
-            load_state(model, state)
-        return model
+    def build_model_only(self) -> MultiTaskModel:
+        return self.build_model()[0]
 
-    def finish(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, float]:
-        """Keep the trained model's shared part (backbone, projection, their buffers): the next round's z_prev."""
-        shared = {k: v for k, v in trainable_state(copy.model, copy.tasks).items() if task_of_key(k) is None}
-        ctx.state.update({copy.state_prefix + PREVIOUS + k: v for k, v in shared.items()})
-        return {}
+    def kept(self, copy: TrainedCopy, keys: Sequence[str]) -> tuple[str, list[str]]:
+        """The trained model's shared part (backbone, projection, their buffers): the next round's z_prev."""
+        return PREVIOUS, [k for k in keys if task_of_key(k) is None]
 
 
 class MoonServer(MoonModel, HostServer):
