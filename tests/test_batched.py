@@ -52,6 +52,10 @@ def _start(model, seed):
     return {**state, **{n: b.detach().clone() for n, b in model.named_buffers()}}
 
 
+def _plan(template, trainer, data, start, seed, terms=()):
+    return ClientPlan(template, trainer, 0, 10, {}, data, start, seed, list(terms))
+
+
 def _sequential(kind, trainer, plan, terms=None):
     model = _model(kind)
     model.load_state_dict(plan.start, strict=False)
@@ -75,7 +79,7 @@ def _before_norm(model):
 
 
 def _compare(kind, trainer, plans, terms=None):
-    results = train_batched(_model(kind), trainer, plans, 0, 10)
+    results = train_batched(plans)
     noisy = _before_norm(_model(kind)) if trainer.config.optimizer == "adamw" else set()
     for plan, result in zip(plans, results, strict=True):
         expected, report = _sequential(kind, trainer, plan, terms)
@@ -107,14 +111,17 @@ def test_batched_training_gives_each_client_its_sequential_result(kind, train):
     model = _model(kind)
     # under AdamW, a one-sample batch's output reads the running mean, which follows the noise of `_before_norm`
     clients = [c for c in CLIENTS if train.get("optimizer") != "adamw" or 1 not in {n % 8 for n in c[1].values()}]
-    plans = [ClientPlan(_data(seed, sizes, shared), _start(model, seed), seed) for seed, sizes, shared in clients]
+    template = _model(kind)
+    plans = [_plan(template, trainer, _data(seed, sizes, shared), _start(model, seed), seed)
+             for seed, sizes, shared in clients]
     _compare(kind, trainer, plans)
 
 
 def test_parameter_terms_are_stacked_over_clients():
     """FedProx's and FedDyn's terms, written once as per-parameter pieces, give the sequential result batched."""
-    trainer = Trainer(TrainConfig(lr=0.05, momentum=0.5, batch_size=4, local_steps=3, grad_clip=1.0), SPECS)
+    trainer = Trainer(TrainConfig(lr=0.05, momentum=0.5, batch_size=4, local_epochs=1, grad_clip=1.0), SPECS)
     model = _model("cnn-bn")
+    template = _model("cnn-bn")
     plans = []
     for seed, sizes, shared in CLIENTS:
         start = _start(model, seed)
@@ -123,8 +130,8 @@ def test_parameter_terms_are_stacked_over_clients():
         gradient = {n: torch.full_like(v, 0.05 * seed) for n, v in anchor.items()}
         held = {n: v for n, v in start.items() if n.startswith("heads.") and n.split(".")[1] in sizes}
         params = dict(model.named_parameters())
-        plans.append(ClientPlan(_data(seed, sizes, shared), start, seed,
-                                [ProximalHook(params, {**anchor, **held}, 0.3), LinearTermHook(params, gradient)]))
+        plans.append(_plan(template, trainer, _data(seed, sizes, shared), start, seed,
+                           [ProximalHook(params, {**anchor, **held}, 0.3), LinearTermHook(params, gradient)]))
 
     def terms(params, plan):
         return [ProximalHook(params, plan.terms[0].operands, 0.3), LinearTermHook(params, plan.terms[1].operands)]
@@ -132,10 +139,15 @@ def test_parameter_terms_are_stacked_over_clients():
     _compare("cnn-bn", trainer, plans, terms)
 
 
-def test_dropout_and_dense_tasks_are_refused_before_training():
+def test_dropout_and_mixed_trainers_are_refused_before_training():
     trainer = Trainer(TrainConfig(batch_size=4, local_steps=1), SPECS)
     model = _model("mlp")
     model.backbone.layers.append(torch.nn.Dropout(0.5))
-    plan = ClientPlan(_data(1, {"a": 5}), _start(model, 1), 1)
     with pytest.raises(Unbatchable, match="dropout"):
-        train_batched(model, trainer, [plan], 0, 1)
+        train_batched([_plan(model, trainer, _data(1, {"a": 5}), _start(model, 1), 1)])
+    other = Trainer(TrainConfig(batch_size=4, local_steps=2), SPECS)
+    model = _model("mlp")
+    plans = [_plan(model, trainer, _data(1, {"a": 5}), _start(model, 1), 1),
+             _plan(model, other, _data(2, {"a": 5}), _start(model, 2), 2)]
+    with pytest.raises(Unbatchable, match="different models, optimizers or lr schedules"):
+        train_batched(plans)

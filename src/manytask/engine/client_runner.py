@@ -16,6 +16,7 @@ from torch import Tensor
 from manytask.client.trainer import TaskData
 from manytask.devices import CPU, on_device, resolve_device
 from manytask.engine.adversaries import Adversary
+from manytask.execution.batched import train_batched
 from manytask.execution.plan import Unbatchable
 from manytask.experiment import Experiment
 from manytask.messages import Message, decode, encode
@@ -57,17 +58,21 @@ class ClientRunner:
         self, clients: list[int], round_index: int, payloads: Mapping[int, bytes | None],
         states: Mapping[int, ClientState],
     ) -> dict[int, tuple[bytes | None, float]]:
-        """`fit` of every client in `clients`, as one batched computation where the program can (each client is
-        credited an equal share of its seconds), else one after another with a one-line notice per reason."""
+        """`fit` of every client in `clients`: their plans run as one batched computation where the program makes
+        plans (each client is credited an equal share of its seconds), else one after another with a one-line
+        notice per reason."""
         seeds = derive_seeds([(self.exp.config.seed, "client", round_index, c) for c in clients])
         ctxs = [self._context(c, round_index, states[c], seed) for c, seed in zip(clients, seeds, strict=True)]
         began = time.perf_counter()
         received = _decoded_once([payloads[c] for c in clients])
         try:
-            replies = self.program.fit_many(ctxs, received)
+            plans = [self.program.plan(ctx, payload) for ctx, payload in zip(ctxs, received, strict=True)]
+            results = train_batched(plans)
         except Unbatchable as why:
             self._notice(str(why))
             return {c: self.fit(c, round_index, payloads[c], states[c]) for c in clients}
+        replies = [self.program.conclude(ctx, payload, plan, result)
+                   for ctx, payload, plan, result in zip(ctxs, received, plans, results, strict=True)]
         seconds = (time.perf_counter() - began) / len(clients)
         for client in clients:
             states[client].update(on_device(states[client], CPU))

@@ -375,11 +375,15 @@ def _fold_statistics(round_: _Round, running: dict[str, Tensor], stats: Mapping[
                 counter.index_add_(0, clients, increment)
 
 
-def train_batched(
-    template: nn.Module, trainer: Trainer, plans: Sequence[ClientPlan], round_index: int, total_rounds: int,
-) -> list[PlanResult]:
-    """Train every plan from its `start` as `trainer.train` would, all in one batched computation; `template` only
-    gives the model's structure (its values of the trained parameters are never used, nor changed)."""
+def train_batched(plans: Sequence[ClientPlan]) -> list[PlanResult]:
+    """Train every plan from its `start` as its `trainer.train` would, all in one batched computation. The plans
+    share one template (it only gives the model's structure: its values of the trained parameters are never used,
+    nor changed), one trainer and one point of the lr schedule."""
+    first = plans[0]
+    template, trainer, round_index, total_rounds = first.template, first.trainer, first.round_index, first.total_rounds
+    if any((p.template, p.trainer.config, p.round_index, p.total_rounds) != (template, trainer.config, round_index,
+                                                                            total_rounds) for p in plans):
+        raise Unbatchable("clients of the round train different models, optimizers or lr schedules")
     check_model(template)
     check_trainer(trainer, list(dict.fromkeys(t for plan in plans for t in plan.data)))
     round_ = _Round(template, trainer, plans)

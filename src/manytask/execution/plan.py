@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from manytask.client.terms import FeatureTerm, ParameterTerm
-from manytask.client.trainer import TaskData, TrainReport
+from manytask.client.trainer import TaskData, Trainer, TrainReport
 
 
 class Unbatchable(Exception):
@@ -39,8 +39,15 @@ class StateUpdate:
 
 @dataclass
 class ClientPlan:
-    """One client's local training in a round."""
+    """One client's local training in a round: the model it trains (`template` gives the structure, `start` the
+    values), its objective (the sum of its tasks' losses, `terms` and `features`), its optimizer and steps (`trainer`,
+    at `round_index` of `total_rounds` for the lr schedule), its data, and what it keeps afterwards (`update`)."""
 
+    template: nn.Module
+    trainer: Trainer
+    round_index: int
+    total_rounds: int
+    sent: dict[str, Tensor]  # what the server sent (the method's own business; the executor never reads it)
     data: TaskData  # task -> (x, y) of the tasks it trains, in the order it holds them
     start: dict[str, Tensor]  # its initial value of every trainable parameter and buffer, by module name
     seed: int

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from manytask.client.trainer import TaskData, TrainConfig, Trainer, evaluate
 from manytask.devices import CPU
-from manytask.execution.plan import Unbatchable
+from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
 from manytask.messages import Message
 from manytask.models.adapters import LoraParams, add_lora
 from manytask.models.multitask import MultiTaskModel, build_model, to_role, trainable_state
@@ -96,11 +96,16 @@ class ClientProgram(ABC, Generic[P]):
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message | None:
         """Train on the client's data; return what is uploaded (None: nothing)."""
 
-    def fit_many(self, ctxs: list[ClientContext], payloads: list[Message | None]) -> list[Message | None]:
-        """`fit` of several clients of one round as one batched computation (`execution: auto | vectorized`), the
-        replies in the same order. Raises `Unbatchable`, before changing anything, where the program cannot; the
-        engine then calls `fit` client by client."""
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
+        """The client's round as a plan, which an executor may run batched with other clients' plans (`execution:
+        auto | vectorized`). Raises `Unbatchable`, before changing anything, where the program trains with a loop of
+        its own; the engine then calls `fit`."""
         raise Unbatchable(f"{type(self).__name__} trains with a loop of its own")
+
+    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan, result: PlanResult
+                 ) -> Message | None:
+        """What the client uploads after an executor ran its `plan` (as `fit` would have uploaded)."""
+        raise NotImplementedError(f"{type(self).__name__} makes no plans")
 
     def evaluate(self, ctx: ClientContext, payload: Message | None, test: TaskData) -> Metrics:
         """Client-side evaluation of the client's own model on the test sets of the tasks it holds."""

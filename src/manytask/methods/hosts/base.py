@@ -33,7 +33,6 @@ from manytask.client.trainer import (
 )
 from manytask.devices import on_device
 from manytask.errors import clipped
-from manytask.execution.batched import train_batched
 from manytask.execution.plan import ClientPlan, PlanResult, StateUpdate, Unbatchable
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
@@ -180,21 +179,32 @@ class HostClient(HostModel, ClientProgram[HostParams]):
                 copy.module, {t: ctx.data[t] for t in copy.tasks}, copy.seed, round_index, rounds,
                 hooks=self.hooks(ctx, copy), optimizer=self.optimizer(ctx, copy), combine=self.combine(ctx, copy),
             )
-            self.conclude(ctx, copy, report, tensors, scalars)
+            self.conclude_copy(ctx, copy, report, tensors, scalars)
         return self.reply(ctx, tensors, scalars)
 
-    def fit_many(self, ctxs: list[ClientContext], payloads: list[Message | None]) -> list[Message | None]:
-        """The round's clients trained as one batched computation (`execution/batched.py`), each then concluded
-        and uploaded exactly as `fit` does."""
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
+        """The client's round for an executor: what `fit` trains, read without building a model; `Unbatchable`
+        where its training needs more than the plain loop."""
         self._check_batchable()
-        trainer, (round_index, rounds) = self.trainer(ctxs[0]), self.schedule(ctxs[0])
+        trainer, (round_index, rounds) = self.trainer(ctx), self.schedule(ctx)
         if type(trainer).train is not Trainer.train:
             raise Unbatchable(f"{type(self).__name__} trains with a trainer of its own")
-        received = [self.received(ctx, payload) for ctx, payload in zip(ctxs, payloads, strict=True)]
-        plans = [self._plan(ctx, sent) for ctx, sent in zip(ctxs, received, strict=True)]
-        results = train_batched(self.template[0], trainer, plans, round_index, rounds)
-        return [self._reply_batched(ctx, sent, plan, result)
-                for ctx, sent, plan, result in zip(ctxs, received, plans, results, strict=True)]
+        received = self.received(ctx, payload)
+        copy = TrainedCopy(None, list(ctx.data), *self.template, received, ctx.seed)
+        if copy.module is not copy.model:
+            raise Unbatchable(f"{type(self).__name__} trains its model through a wrapper (a linearization)")
+        if self.optimizer(ctx, copy) is not None:
+            raise Unbatchable(f"{type(self).__name__} brings an optimizer of its own")
+        if self.combine(ctx, copy) is not sum_of_task_losses:
+            raise Unbatchable(f"{type(self).__name__} combines task losses its own way")
+        hooks = self.hooks(ctx, copy)
+        acting = [type(h).__name__ for h in hooks if not isinstance(h, ParameterTerm | FeatureTerm)]
+        if acting:
+            raise Unbatchable(f"hook {acting[0]} acts inside the training step")
+        start = merged_state(self.initial_values, received, self.local_state(ctx, copy))
+        return ClientPlan(copy.model, trainer, round_index, rounds, received, dict(ctx.data), start, copy.seed,
+                          [h for h in hooks if isinstance(h, ParameterTerm)], self.state_update(ctx, copy),
+                          [h for h in hooks if isinstance(h, FeatureTerm)])
 
     @cached_property
     def template(self) -> tuple[MultiTaskModel, nn.Module]:
@@ -226,28 +236,11 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         if self.params.per_task:
             raise Unbatchable("per_task trains one copy per held task")
 
-    def _plan(self, ctx: ClientContext, received: dict[str, Tensor]) -> ClientPlan:
-        """One client's plan, or `Unbatchable` when its training needs more than the plain loop. Its start is what
-        `start` would load into a model, read without one."""
-        copy = TrainedCopy(None, list(ctx.data), *self.template, received, ctx.seed)
-        if copy.module is not copy.model:
-            raise Unbatchable(f"{type(self).__name__} trains its model through a wrapper (a linearization)")
-        if self.optimizer(ctx, copy) is not None:
-            raise Unbatchable(f"{type(self).__name__} brings an optimizer of its own")
-        if self.combine(ctx, copy) is not sum_of_task_losses:
-            raise Unbatchable(f"{type(self).__name__} combines task losses its own way")
-        hooks = self.hooks(ctx, copy)
-        acting = [type(h).__name__ for h in hooks if not isinstance(h, ParameterTerm | FeatureTerm)]
-        if acting:
-            raise Unbatchable(f"hook {acting[0]} acts inside the training step")
-        start = merged_state(self.initial_values, received, self.local_state(ctx, copy))
-        return ClientPlan(dict(ctx.data), start, copy.seed, [h for h in hooks if isinstance(h, ParameterTerm)],
-                          self.state_update(ctx, copy), [h for h in hooks if isinstance(h, FeatureTerm)])
-
-    def _reply_batched(self, ctx: ClientContext, received: dict[str, Tensor], plan: ClientPlan, result: PlanResult
-                       ) -> Message:
-        """`fit`'s reply from a batched result: without a model where the host's `finish` and `upload` are the
+    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan, result: PlanResult
+                 ) -> Message:
+        """`fit`'s reply from an executor's result: without a model where the host's `finish` and `upload` are the
         plain ones, else from a model holding the trained values."""
+        received = plan.sent
         tensors: dict[str, Tensor] = {}
         scalars = fit_scalars(ctx.data, {})
         if type(self).finish is HostClient.finish and type(self).upload is HostClient.upload:
@@ -261,10 +254,10 @@ class HostClient(HostModel, ClientProgram[HostParams]):
             model, module = self.models.take(ctx)
             load_state(model, result.params)  # the rest keeps its initial values: no buffers, nothing frozen moves
             copy = TrainedCopy(None, list(ctx.data), model, module, received, ctx.seed)
-            self.conclude(ctx, copy, result.report, tensors, scalars)
+            self.conclude_copy(ctx, copy, result.report, tensors, scalars)
         return self.reply(ctx, tensors, scalars)
 
-    def conclude(
+    def conclude_copy(
         self, ctx: ClientContext, copy: TrainedCopy, report: TrainReport, tensors: dict[str, Tensor],
         scalars: dict[str, float],
     ) -> None:

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from manytask.client.trainer import TaskData
 from manytask.errors import ManytaskError, clipped
+from manytask.execution.plan import ClientPlan, PlanResult
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.common.updates import Update
@@ -42,11 +43,14 @@ class PluginClient(ClientProgram[P], Generic[P]):
         reply = self.host.fit(ctx, payload)
         return None if reply is None or payload is None else self.transform_reply(ctx, payload, reply)
 
-    def fit_many(self, ctxs: list[ClientContext], payloads: list[Message | None]) -> list[Message | None]:
-        """The host's vectorized fit, each reply then transformed as `fit` does."""
-        replies = self.host.fit_many(ctxs, payloads)
-        return [None if reply is None or payload is None else self.transform_reply(ctx, payload, reply)
-                for ctx, payload, reply in zip(ctxs, payloads, replies, strict=True)]
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
+        return self.host.plan(ctx, payload)
+
+    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan, result: PlanResult
+                 ) -> Message | None:
+        """The host's reply, transformed as `fit` does."""
+        reply = self.host.conclude(ctx, payload, plan, result)
+        return None if reply is None or payload is None else self.transform_reply(ctx, payload, reply)
 
     def transform_reply(self, ctx: ClientContext, payload: Message, reply: Message) -> Message:
         """What is uploaded instead of the host's reply (default: the reply)."""
