@@ -78,8 +78,8 @@ def _before_norm(model):
     return names
 
 
-def _compare(kind, trainer, plans, terms=None):
-    results = train_batched(plans)
+def _compare(kind, trainer, plans, terms=None, plain_chains=True):
+    results = train_batched(plans, plain_chains)
     noisy = _before_norm(_model(kind)) if trainer.config.optimizer == "adamw" else set()
     for plan, result in zip(plans, results, strict=True):
         expected, report = _sequential(kind, trainer, plan, terms)
@@ -100,13 +100,14 @@ def _compare(kind, trainer, plans, terms=None):
     return results
 
 
+@pytest.mark.parametrize("plain_chains", [True, False], ids=["chains", "vmap"])
 @pytest.mark.parametrize("kind", list(MODELS))
 @pytest.mark.parametrize("train", [
     {"momentum": 0.9, "weight_decay": 0.0, "local_epochs": 2},
     {"momentum": 0.9, "weight_decay": 0.01, "grad_clip": 0.5, "local_epochs": 1},
     {"optimizer": "adamw", "lr": 0.01, "weight_decay": 0.01, "local_steps": 4},
 ])
-def test_batched_training_gives_each_client_its_sequential_result(kind, train):
+def test_batched_training_gives_each_client_its_sequential_result(kind, train, plain_chains):
     trainer = Trainer(TrainConfig(**{"lr": 0.1, "batch_size": 8, **train}), SPECS)
     model = _model(kind)
     # under AdamW, a one-sample batch's output reads the running mean, which follows the noise of `_before_norm`
@@ -114,7 +115,7 @@ def test_batched_training_gives_each_client_its_sequential_result(kind, train):
     template = _model(kind)
     plans = [_plan(template, trainer, _data(seed, sizes, shared), _start(model, seed), seed)
              for seed, sizes, shared in clients]
-    _compare(kind, trainer, plans)
+    _compare(kind, trainer, plans, plain_chains=plain_chains)
 
 
 def test_parameter_terms_are_stacked_over_clients():

@@ -26,6 +26,7 @@ import torch
 
 from manytask.client.optimizers import PlainSGD
 from manytask.client.trainer import TaskData, shuffled_batches
+from manytask.compute_limit import compute_limit
 from manytask.config import RunConfig, validate
 from manytask.engine.local import local_engine
 from manytask.engine.loop import RoundLoop
@@ -293,7 +294,7 @@ def flower_installed() -> bool:
     return importlib.util.find_spec("flwr") is not None
 
 
-PARTS = ("kernels", "engine", "workers", "memory", "matu", "sfmtl", "flower")  # what `--only` can pick
+PARTS = ("kernels", "limit", "engine", "workers", "memory", "matu", "sfmtl", "flower")  # what `--only` can pick
 
 
 def run_bench(
@@ -307,6 +308,7 @@ def run_bench(
         raise unknown_choice("bench part", unknown[0], PARTS)
     measures: dict[str, tuple[str, Callable[[], Any]]] = {
         "kernels_per_round": ("kernels", kernel_table),
+        "compute_limit": ("limit", lambda: compute_limit(rounds=rounds)),
         "engine_overhead": ("engine", lambda: engine_overhead(rounds=rounds)),
         "parallel_clients": ("workers", lambda: parallel_speedup(rounds=rounds)),
         "peak_memory": ("memory", peak_memory),
@@ -331,6 +333,16 @@ def _kernels_table(rows: list[dict]) -> BenchTable:
         [[r["host"], r["federation"], str(r["ops"][0]), str(r["ops"][1]), f"{r['ratio']:.2f}",
           f"{r['syncs'][0]} / {r['syncs'][1]}"] for r in rows],
         "kernels (non-view aten ops) per training round, execution auto (CNN + BatchNorm, grad clip, 4 local steps)")
+
+
+def _limit_table(limit: dict) -> BenchTable:
+    return (
+        ["clients", "batched s/round", "concatenated s/round", "batched / concatenated", "sequential s/round",
+         "bare sequential s/round", "sequential / bare"],
+        [[str(limit["clients"]), f"{limit['batched_s_per_round']:.4f}", f"{limit['concatenated_s_per_round']:.4f}",
+          f"{limit['batched_ratio']:.2f}", f"{limit['sequential_s_per_round']:.4f}",
+          f"{limit['bare_s_per_round']:.4f}", f"{limit['sequential_ratio']:.2f}"]],
+        f"the compute limit (SFMTL's CNN on {limit['source']}, {limit['steps']} local steps, FedAvg, 1 thread)")
 
 
 def _engine_table(rows: list[dict]) -> BenchTable:
@@ -384,6 +396,7 @@ def _flower_table(sim: dict) -> BenchTable:
 
 TABLES: dict[str, Callable[[Any], BenchTable]] = {  # the printed tables, in order, by their part's JSON key
     "kernels_per_round": _kernels_table,
+    "compute_limit": _limit_table,
     "engine_overhead": _engine_table, "parallel_clients": _workers_table, "peak_memory": _memory_table,
     "matu_server_step": _matu_table, "sfmtl_graph": _sfmtl_table, "flower_simulation": _flower_table,
 }

@@ -141,8 +141,8 @@ def bench(
     matu_d: Annotated[int, typer.Option("--matu-d", min=1, help="entries of MaTU's unified vector")] = 10_000_000,
     sfmtl_clients: Annotated[int, typer.Option("--sfmtl-clients", min=2, help="SFMTL-Graph's participants")] = 1000,
     only: Annotated[list[str] | None, typer.Option(
-        "--only", help="measure only this part (repeatable): kernels, engine, workers, memory, matu, sfmtl, "
-        "flower")] = None,
+        "--only", help="measure only this part (repeatable): kernels, limit, engine, workers, memory, matu, "
+        "sfmtl, flower")] = None,
     kernels: Annotated[bool, typer.Option("--kernels", help="only the kernels per round (--only kernels)")] = False,
 ) -> None:
     """Measure the speed ratios on this machine, side by side (docs/performance.md): kernels per training round at

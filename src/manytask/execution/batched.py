@@ -20,6 +20,7 @@ The result equals sequential training up to float rounding (sums over a batch ru
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ from torch.func import functional_call, vmap
 
 from manytask.client.terms import ParameterTerm
 from manytask.client.trainer import Trainer, TrainReport, index_batches, shares_inputs, stream_seed_request
+from manytask.execution.chains import chain_forward
 from manytask.execution.norms import MaskedBatchNorm, NormContext, masked_copy
 from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
 from manytask.execution.steps import batched_optimizer, clip_per_client
@@ -228,6 +230,25 @@ def _batches(round_: _Round, steps: list[int], inputs_like: Tensor) -> tuple[_Ba
     return _Batches(index.to(device), weight.to(device), real.to(dtype).to(device)), local.to(device)
 
 
+class _Concatenated:
+    """The last round's concatenated inputs, reused while the next round's rows hold the very same tensors (the
+    engine keeps each client's data tensors across rounds): the inputs move once, not every round."""
+
+    def __init__(self) -> None:
+        self.sources: list[weakref.ref] = []
+        self.value: Tensor | None = None
+
+    def concatenated(self, tensors: list[Tensor]) -> Tensor:
+        if self.value is None or len(tensors) != len(self.sources) or any(
+                ref() is not t for ref, t in zip(self.sources, tensors, strict=True)):
+            self.value = torch.cat(tensors)
+            self.sources = [weakref.ref(t) for t in tensors]
+        return self.value
+
+
+_INPUTS = _Concatenated()
+
+
 def _row_x(round_: _Round, row: _Row) -> Tensor:
     return round_.plans[row.client].data[row.tasks[0]][0]
 
@@ -375,10 +396,11 @@ def _fold_statistics(round_: _Round, running: dict[str, Tensor], stats: Mapping[
                 counter.index_add_(0, clients, increment)
 
 
-def train_batched(plans: Sequence[ClientPlan]) -> list[PlanResult]:
+def train_batched(plans: Sequence[ClientPlan], plain_chains: bool = True) -> list[PlanResult]:
     """Train every plan from its `start` as its `trainer.train` would, all in one batched computation. The plans
     share one template (it only gives the model's structure: its values of the trained parameters are never used,
-    nor changed), one trainer and one point of the lr schedule."""
+    nor changed), one trainer and one point of the lr schedule. The `mlp` and `cnn` backbones run as plain chains
+    (`execution/chains.py`) unless `plain_chains` is off; every other backbone, through `vmap`."""
     first = plans[0]
     template, trainer, round_index, total_rounds = first.template, first.trainer, first.round_index, first.total_rounds
     if any((p.template, p.trainer.config, p.round_index, p.total_rounds) != (template, trainer.config, round_index,
@@ -393,7 +415,7 @@ def train_batched(plans: Sequence[ClientPlan]) -> list[PlanResult]:
     terms = _stacked_terms(round_, leaves)
     feature_terms = [_StackedFeatureTerm(round_, position) for position in range(len(plans[0].features))]
     device = round_.device
-    inputs = torch.cat([_row_x(round_, row) for row in round_.rows])
+    inputs = _INPUTS.concatenated([_row_x(round_, row) for row in round_.rows])
     batches, local = _batches(round_, steps, inputs)
     targets = [_group_targets(round_, group, local) for group in round_.groups]
     group_rows = [None if [r for _, _, r in g.pairs] == list(range(len(round_.rows)))
@@ -403,6 +425,7 @@ def train_batched(plans: Sequence[ClientPlan]) -> list[PlanResult]:
     context = NormContext()
     backbone = masked_copy(template.backbone, context)
     momenta = {m.name: m.momentum for m in backbone.modules() if isinstance(m, MaskedBatchNorm)}
+    chain = chain_forward(template.backbone) if plain_chains else None
     active = _active(steps, owners, device)
     config = trainer.config
     optimizer = batched_optimizer(config, config.lr_at(round_index, total_rounds))
@@ -422,7 +445,8 @@ def train_batched(plans: Sequence[ClientPlan]) -> list[PlanResult]:
                    for n in names if n.startswith(BACKBONE_PREFIX)}
         row_buffers = {n[strip:]: (b if round_.one_row_each else b.index_select(0, row_clients))
                        for n, b in running.items()}
-        raw_features, stats = vmap(backbone_row)(per_row, row_buffers, x, batches.mask[step])
+        rows_forward = vmap(backbone_row) if chain is None else chain
+        raw_features, stats = rows_forward(per_row, row_buffers, x, batches.mask[step])
         features = template.head_input(raw_features)
         losses = []
         for index, (group, (y, y_index), rows) in enumerate(zip(round_.groups, targets, group_rows, strict=True)):

@@ -49,28 +49,40 @@ class MaskedBatchNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         mask = self.context.mask
         assert mask is not None, "the batched executor sets the rows' mask before every forward pass"
-        shape = (-1, *([1] * (x.dim() - 1)))
-        dims = [0, *range(2, x.dim())]
-        per_sample = x[0, 0].numel()  # elements per channel in one sample
-        count = mask.sum() * per_sample
-        safe = count.clamp(min=1)
-        weights = mask.view(shape)
-        mean = (x * weights).sum(dims) / safe
-        channel = (1, -1, *([1] * (x.dim() - 2)))
-        centred = x - mean.view(channel)
-        variance = (centred.pow(2) * weights).sum(dims) / safe
-        out = centred * torch.rsqrt(variance + self.eps).view(channel)
-        if self.single_uses_running:  # one sample has no batch variance: the running statistics normalize it
-            running = (x - self.running_mean.view(channel)) * torch.rsqrt(self.running_var + self.eps).view(channel)
-            out = torch.where(count == 1, running, out)
-        if self.weight is not None:
-            out = out * self.weight.view(channel) + self.bias.view(channel)
-        unbiased = variance * safe / (safe - 1).clamp(min=1)
-        moves = (count > 1) if self.single_uses_running else (count > 0)
+        count = mask.sum() * x[0, 0].numel()  # real elements per channel: samples × elements of one sample's channel
+        affine = None if self.weight is None else (self.weight, self.bias)
+        out, stats = masked_batch_norm(
+            x, mask.view(-1, *([1] * (x.dim() - 1))), count, [0, *range(2, x.dim())],
+            (1, -1, *([1] * (x.dim() - 2))), self.eps, affine,
+            (self.running_mean, self.running_var) if self.single_uses_running else None)
         if self.name in self.context.stats:
             raise Unbatchable(f"BatchNorm layer {self.name} runs twice in one forward pass")
-        self.context.stats[self.name] = (mean, unbiased, moves.to(x.dtype))
+        self.context.stats[self.name] = stats
         return out
+
+
+def masked_batch_norm(x: Tensor, weights: Tensor, count: Tensor, dims: list[int], channel: tuple[int, ...],
+                      eps: float, affine: tuple[Tensor, Tensor] | None, single: tuple[Tensor, Tensor] | None,
+                      ) -> tuple[Tensor, Statistics]:
+    """BatchNorm in training mode over the samples `weights` marks (1 real, 0 padding; broadcastable against x),
+    reducing `dims`, with `count` real elements per channel (a scalar, or one per channel) and `channel` the view
+    that puts a per-channel tensor against x; `affine` is (weight, bias) per channel. `single`: the running (mean,
+    var) that normalize a batch of one sample (a `FeatureBatchNorm`), whose statistics then do not move.
+    Returns the output and (batch mean, unbiased variance, 1 where the running statistics move)."""
+    safe = count.clamp(min=1)
+    mean = (x * weights).sum(dims) / safe
+    centred = x - mean.view(channel)
+    variance = (centred.pow(2) * weights).sum(dims) / safe
+    out = centred * torch.rsqrt(variance + eps).view(channel)
+    if single is not None:  # one sample has no batch variance: the running statistics normalize it
+        running_mean, running_var = single
+        normalized = (x - running_mean.view(channel)) * torch.rsqrt(running_var + eps).view(channel)
+        out = torch.where((count == 1).view(channel) if count.dim() else count == 1, normalized, out)
+    if affine is not None:
+        out = out * affine[0].view(channel) + affine[1].view(channel)
+    unbiased = variance * safe / (safe - 1).clamp(min=1)
+    moves = (count > 1) if single is not None else (count > 0)
+    return out, (mean, unbiased, moves.to(x.dtype))
 
 
 def masked_copy(module: nn.Module, context: NormContext) -> nn.Module:

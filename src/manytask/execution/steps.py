@@ -26,15 +26,16 @@ def _rows(per_row: Tensor, like: Tensor) -> Tensor:
 
 
 def clip_per_client(grads: list[Tensor], clients: Sequence[Tensor | None], count: int, max_norm: float) -> list[Tensor]:
-    """Every client's gradients scaled by min(1, max_norm / (‖g_client‖ + 1e-6)), its norm taken over all its rows
-    of all leaves; `clients[i]` maps leaf i's rows to clients (None: row r is client r)."""
+    """Every client's gradients scaled, in place, by min(1, max_norm / (‖g_client‖ + 1e-6)), its norm taken over
+    all its rows of all leaves; `clients[i]` maps leaf i's rows to clients (None: row r is client r)."""
     squares = torch.zeros(count, dtype=grads[0].dtype, device=grads[0].device)
     for grad, owner in zip(grads, clients, strict=True):
-        per_row = grad.flatten(1).pow(2).sum(1)
+        per_row = torch.linalg.vector_norm(grad, dim=tuple(range(1, grad.dim()))).square()  # no copy of a strided grad
         squares = squares + per_row if owner is None else squares.index_add(0, owner, per_row)
     coef = (max_norm / (squares.sqrt() + CLIP_EPS)).clamp(max=1.0)
-    return [grad * _rows(coef if owner is None else coef.index_select(0, owner), grad)
-            for grad, owner in zip(grads, clients, strict=True)]
+    for grad, owner in zip(grads, clients, strict=True):  # in place: the gradients are this step's own
+        grad.mul_(_rows(coef if owner is None else coef.index_select(0, owner), grad))
+    return grads
 
 
 class BatchedSGD:

@@ -1,0 +1,132 @@
+"""The compute limit of a round, measured side by side with the engine (`manytask bench --only limit`).
+
+Workload: the SFMTL-Graph paper's CNN (3 conv blocks 32-64-128, FC 512, signed features) on its Fashion-MNIST
+label-skew config (`configs/sfmtl/fashion_mnist_label_skew.yaml`): 20 clients, each its own 2-class task over the
+10 labels, every client sampled, 3 local steps of batch 32, plain SGD with gradient clipping, FedAvg. Where the
+Fashion-MNIST files are not on disk the `digits` source stands in (8×8 images), and the result says so.
+
+Two yardsticks, neither with any FL machinery:
+- the *batched limit*: one model trained on the 20 clients' batches concatenated (640 samples a step), for the
+  same 3 steps: what one batched round cannot beat;
+- the *sequential limit*: one reused model trained on each client's batches in turn, then averaged: the bare loop
+  the sequential engine is compared with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from manytask.benchmarks.fashion_mnist import DEFAULT_ROOT
+from manytask.config import RunConfig, validate
+from manytask.experiment import Experiment
+from manytask.seeding import torch_generator
+
+CLIENTS, STEPS, BATCH = 20, 3, 32
+
+
+def source() -> str:
+    from pathlib import Path
+
+    return "fashion-mnist" if (Path(DEFAULT_ROOT) / "train-images-idx3-ubyte.gz").exists() else "digits"
+
+
+def limit_config(execution: str, rounds: int, clients: int = CLIENTS) -> RunConfig:
+    return validate({
+        "name": f"limit-{execution}", "method": "fedavg", "rounds": rounds, "seed": 0, "reference": None,
+        "benchmark": {"name": "label-skew", "source": source(), "num_clients": clients, "classes_per_client": 2},
+        "federation": {"num_clients": clients, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
+        "model": {"backbone": "cnn", "channels": [32, 64, 128], "hidden": 512, "signed_features": True},
+        "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.0, "local_steps": STEPS, "batch_size": BATCH,
+                  "grad_clip": 1.0},
+        "eval_every": rounds, "execution": execution,
+    })
+
+
+def _client_batches(experiment: Experiment, round_index: int) -> list[list[tuple[torch.Tensor, torch.Tensor, str]]]:
+    """Per client, its STEPS batches of one round (random draws: the yardsticks' cost does not depend on which)."""
+    batches = []
+    for client in range(experiment.federation.num_clients):
+        ((task, (x, y)),) = experiment.client_data(client).items()
+        generator = torch_generator(0, "limit", round_index, client)
+        picks = [torch.randint(len(y), (BATCH,), generator=generator) for _ in range(STEPS)]
+        batches.append([(x[p], y[p], task) for p in picks])
+    return batches
+
+
+def concatenated_runner(rounds: int) -> Callable[[int], None]:
+    """The batched limit as a function that runs its next `count` rounds: one model, one head, every step on all
+    clients' batches at once."""
+    experiment = Experiment.build(limit_config("sequential", rounds + 2))
+    model = experiment.setup.build_model()
+    task = next(iter(experiment.setup.specs))
+    params = [p for p in model.parameters() if p.requires_grad]
+    done = [0]
+
+    def run(count: int) -> None:
+        for _ in range(count):
+            batches = _client_batches(experiment, done[0])
+            steps = [(torch.cat([b[s][0] for b in batches]), torch.cat([b[s][1] for b in batches]))
+                     for s in range(STEPS)]
+            opt = torch.optim.SGD(params, lr=0.05)
+            for x, y in steps:
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(x, task), y).backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+            done[0] += 1
+
+    return run
+
+
+def sequential_runner(rounds: int) -> Callable[[int], None]:
+    """The sequential limit as a function that runs its next `count` rounds: each client loads the global state,
+    takes its steps with its own head, and the backbone and heads are averaged (FedAvg's weights)."""
+    experiment = Experiment.build(limit_config("sequential", rounds + 2))
+    model = experiment.setup.build_model()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    done = [0]
+
+    def run(count: int) -> None:
+        nonlocal state
+        for _ in range(count):
+            sums: dict[str, torch.Tensor] = {}
+            weights: dict[str, float] = {}
+            for client, steps in enumerate(_client_batches(experiment, done[0])):
+                model.load_state_dict(state)
+                params = [p for p in model.parameters() if p.requires_grad]
+                opt = torch.optim.SGD(params, lr=0.05)
+                for x, y, task in steps:
+                    opt.zero_grad(set_to_none=True)
+                    F.cross_entropy(model(x, task), y).backward()
+                    torch.nn.utils.clip_grad_norm_(params, 1.0)
+                    opt.step()
+                size = float(sum(experiment.setup.holdings[client].values()))
+                for key, value in model.state_dict().items():
+                    if not key.startswith("heads.") or key.split(".")[1] == steps[0][2]:
+                        sums[key] = sums.get(key, 0) + size * value
+                        weights[key] = weights.get(key, 0.0) + size
+            state = {**state, **{k: v / weights[k] for k, v in sums.items()}}
+            done[0] += 1
+
+    return run
+
+
+def compute_limit(rounds: int = 3, repeats: int = 3) -> dict[str, Any]:
+    """Seconds per round of the engine (batched, sequential) and of both limits, side by side (one torch thread),
+    and the two ratios the project holds: batched / concatenated ≤ 1.5, sequential / bare sequential ≤ 1.05."""
+    from manytask.bench import engine_runner, interleaved_seconds
+
+    torch.set_num_threads(1)
+    total = rounds * repeats + 3
+    with engine_runner(limit_config("vectorized", total)) as batched, \
+            engine_runner(limit_config("sequential", total)) as sequential:
+        seconds = interleaved_seconds({"batched": batched, "concatenated": concatenated_runner(total),
+                                       "sequential": sequential, "bare": sequential_runner(total)}, rounds, repeats)
+    return {"clients": CLIENTS, "steps": STEPS, "source": source(), **{f"{k}_s_per_round": v for k, v in
+                                                                         seconds.items()},
+            "batched_ratio": seconds["batched"] / seconds["concatenated"],
+            "sequential_ratio": seconds["sequential"] / seconds["bare"]}
