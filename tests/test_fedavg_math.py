@@ -131,3 +131,34 @@ def test_a_shared_head_is_one_head_averaged_over_every_client_and_placed_as_each
     several = small_config_dict(method={"name": "fedavg", "shared_head": True})
     with pytest.raises(ManytaskError, match="shared_head needs one task per client"):
         Experiment.build(validate(several)).server_program()
+
+
+def test_adaptive_server_rules_by_hand():
+    """Reddi et al.'s Algorithm 2 on one entry: m₀ = 0, v₀ = τ², Δ = 2, β₁ 0.5, β₂ 0.75, τ 0.5, η 0.1."""
+    from manytask.methods.hosts.rules import Adaptive
+
+    theta, delta = {"w": torch.tensor([1.0])}, {"w": torch.tensor([2.0])}
+    expected_v = {"adagrad": 0.25 + 4.0,  # v + Δ²
+                  "adam": 0.75 * 0.25 + 0.25 * 4.0,  # β₂ v + (1 − β₂) Δ²
+                  "yogi": 0.25 - 0.25 * 4.0 * -1.0}  # v − (1 − β₂) Δ² sign(v − Δ²), sign(0.25 − 4) = −1
+    for kind, v in expected_v.items():
+        rule = Adaptive(kind, lr=0.1, beta1=0.5, beta2=0.75, tau=0.5)
+        state = rule.init(theta)
+        assert state["m"]["w"].item() == 0.0 and state["v"]["w"].item() == pytest.approx(0.25)
+        new, state = rule.step(theta, state, delta)
+        m = 0.5 * 2.0  # (1 − β₁) Δ
+        assert state["m"]["w"].item() == pytest.approx(m)
+        assert state["v"]["w"].item() == pytest.approx(v), kind
+        assert new["w"].item() == pytest.approx(1.0 + 0.1 * m / (v ** 0.5 + 0.5)), kind
+
+
+def test_fedadam_checkpoints_its_moments_and_refuses_unknown_server_state(tmp_path):
+    from manytask.methods.hosts.adaptive import AdaptiveParams, _server
+    from tests.test_pfedme import tiny_setup
+
+    server = _server("adam")(tiny_setup({0: {"a": 10}, 1: {"b": 10}}), AdaptiveParams())
+    state = server.state_dict()
+    assert any(k.startswith("part/m/") for k in state) and any(k.startswith("part/v/") for k in state)
+    server.load_state_dict(state)
+    with pytest.raises(ValueError, match="unknown server state 'mm'"):
+        server.load_state_dict({**state, "part/mm/x": torch.zeros(1)})

@@ -87,3 +87,15 @@ def test_vectorized_is_for_the_local_engine_in_one_process():
     for other in ({"engine": "flower-sim"}, {"workers": 2}):
         with pytest.raises(ManytaskError, match="vectorized"):
             Experiment.build(validate({**RUN, "method": "fedavg", "execution": "vectorized", **other}))
+
+
+def test_a_memory_budget_splits_a_round_into_batched_computations_with_the_same_numbers(tmp_path, capsys):
+    config = {**RUN, "method": "fedavg", "dropout": 0.0, "participation": 1.0, "rounds": 2}
+    whole = run_config(validate(config), tmp_path / "whole")
+    split = run_config(validate({**config, "memory_budget_gb": 0.0005}), tmp_path / "split")
+    notices = [line for line in capsys.readouterr().err.splitlines() if "memory budget" in line]
+    assert len(notices) == 1 and "batched computations" in notices[0], notices
+    for task, metrics in whole["fedavg"]["tasks"].items():
+        assert split["fedavg"]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), task
+    run_config(validate({**config, "memory_budget_gb": 1e-6}), tmp_path / "tiny")
+    assert "over the memory budget" in capsys.readouterr().err

@@ -106,6 +106,9 @@ class RunConfig(Params):
     )
     vector_clients: int = Field(default=256, ge=1,
                                 description="execution auto or vectorized: clients per batched computation")
+    memory_budget_gb: float | None = Field(
+        default=None, gt=0, description="execution auto or vectorized: memory one batched computation may take "
+        "(estimated per client); more clients train in several; none: half a GPU's free memory, a quarter of RAM")
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="where clients train: auto picks the GPU when torch sees one, else the CPU"
     )

@@ -17,6 +17,7 @@ from manytask.client.trainer import TaskData
 from manytask.devices import CPU, on_device, resolve_device
 from manytask.engine.adversaries import Adversary
 from manytask.execution.batched import train_batched
+from manytask.execution.budget import batches, default_budget
 from manytask.execution.plan import Unbatchable
 from manytask.experiment import Experiment
 from manytask.messages import Message, decode, encode
@@ -35,6 +36,8 @@ class ClientRunner:
         self._data: OrderedDict[int, TaskData] = OrderedDict()  # the most recently asked-for clients' data
         self.notices: set[str] = set()  # why clients could not be batched, each told once
         self.device = self._device(resolve_device(experiment.config.device))
+        gigabytes = experiment.config.memory_budget_gb
+        self.budget = default_budget(self.device) if gigabytes is None else int(gigabytes * 2**30)
         attack = experiment.config.adversaries
         self.adversary = None if attack is None else Adversary(attack, experiment.adversary_clients,
                                                                experiment.config.seed)
@@ -67,7 +70,12 @@ class ClientRunner:
         received = _decoded_once([payloads[c] for c in clients])
         try:
             plans = [self.program.plan(ctx, payload) for ctx, payload in zip(ctxs, received, strict=True)]
-            results = train_batched(plans)
+            groups = batches(plans, self.budget)
+            if len(groups) > 1:
+                self._notice(f"the memory budget of {self.budget / 2**30:.1f} GB holds {len(groups[0])} of its "
+                             f"{len(plans)} clients at once, so they train in {len(groups)} batched computations",
+                             "batches")
+            results = [result for group in groups for result in train_batched([plans[i] for i in group])]
         except Unbatchable as why:
             self._notice(str(why))
             return {c: self.fit(c, round_index, payloads[c], states[c]) for c in clients}
@@ -96,11 +104,11 @@ class ClientRunner:
         self.program.to_device(device)
         return device
 
-    def _notice(self, reason: str) -> None:
+    def _notice(self, reason: str, how: str = "one after another") -> None:
         if reason not in self.notices:
             self.notices.add(reason)
-            print(f"{self.exp.label}: execution {self.exp.config.execution} trains these clients one after another: "
-                  f"{reason}", file=sys.stderr)
+            print(f"{self.exp.label}: execution {self.exp.config.execution} trains these clients {how}: {reason}",
+                  file=sys.stderr)
 
     def evaluate(self, client: int, payload: bytes | None, state: ClientState, test: TaskData | None = None) -> Metrics:
         """The client's own model on the test sets of the tasks it holds (or on `test`, keyed by its tasks: another

@@ -17,7 +17,7 @@ from torch import Tensor
 from manytask.methods.base import Setup
 from manytask.methods.common.aggregation import weighted_average
 from manytask.methods.common.updates import Update, is_parameter
-from manytask.methods.hosts.base import HostParams, HostServer
+from manytask.methods.hosts.base import PART_PREFIX, HostParams, HostServer
 
 Tensors = dict[str, Tensor]
 RuleState = dict[str, Tensors]  # state name -> parameter key -> tensor
@@ -96,6 +96,15 @@ class RuleServer(HostServer):
 
     def build_rule(self) -> ServerRule:
         raise NotImplementedError(f"{type(self).__name__} names no server rule")
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        """The global model and the rule's declared state; any other server state is an error, not a silent miss."""
+        names = {k[len(PART_PREFIX):].partition("/")[0] for k in state if k.startswith(PART_PREFIX)}
+        unknown = sorted(names - set(self.rule.state_names))
+        if unknown:
+            raise ValueError(f"unknown server state '{unknown[0]}' for {type(self).__name__}: its rule keeps "
+                             f"{', '.join(self.rule.state_names)}")
+        super().load_state_dict(state)
 
     def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
         delta = weighted_average([u.deltas() for u in updates], [u.weights for u in updates])

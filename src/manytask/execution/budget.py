@@ -1,0 +1,82 @@
+"""How many clients one batched computation may hold: an estimate of a batched round's memory per client, against
+a budget (the config's `memory_budget_gb`, else a share of the machine's: half the free memory of a GPU, a quarter
+of a CPU machine's RAM).
+
+Per client the estimate counts its stacked parameters and buffers six times (the stack, the start, gradients,
+optimizer state, clipping and the trained values handed back) and, per backbone pass, every layer's output for a
+batch three times (the forward value, what backward keeps, its gradient). It is an estimate made before training,
+from one forward pass of the template on one sample; it errs high rather than low."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+from torch import nn
+
+from manytask.client.trainer import shares_inputs
+from manytask.execution.plan import ClientPlan, Unbatchable
+
+PARAMETER_COPIES = 6
+ACTIVATION_COPIES = 3
+
+
+def default_budget(device: torch.device) -> int:
+    """Bytes a batched computation may take: half the free memory of a GPU, a quarter of a CPU machine's RAM."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free // 2
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+
+@lru_cache(maxsize=16)
+def _activation_bytes(backbone: nn.Module, sample_shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes of every leaf module's output for one sample through `backbone`."""
+    total = [0]
+
+    def count(_module: nn.Module, _inputs: object, output: object) -> None:
+        if isinstance(output, torch.Tensor):
+            total[0] += output[0].numel() * output.element_size()
+
+    leaves = [m for m in backbone.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(count) for m in leaves]
+    try:
+        was_training = backbone.training
+        backbone.eval()
+        with torch.no_grad():
+            backbone(torch.zeros(2, *sample_shape, dtype=dtype, device=next(backbone.parameters()).device))
+        backbone.train(was_training)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return total[0] // 2 * 2  # the hooks saw a batch of 2; output[0] is one sample's
+
+
+def client_bytes(plan: ClientPlan) -> int:
+    """The estimated bytes of one client in a batched round."""
+    parameters = sum(t.numel() * t.element_size() for t in plan.start.values())
+    x = next(iter(plan.data.values()))[0]
+    passes = 1 if shares_inputs(plan.data) else len(plan.data)
+    batch = plan.trainer.config.batch_size
+    per_pass = _activation_bytes(plan.template.backbone, tuple(x.shape[1:]), x.dtype) * batch
+    return PARAMETER_COPIES * parameters + ACTIVATION_COPIES * passes * per_pass
+
+
+def batches(plans: Sequence[ClientPlan], budget: int) -> list[list[int]]:
+    """The plans' indices in consecutive batches whose estimated memory stays within `budget` bytes; `Unbatchable`
+    when one client alone is over it."""
+    groups: list[list[int]] = [[]]
+    used = 0
+    for index, plan in enumerate(plans):
+        need = client_bytes(plan)
+        if need > budget:
+            raise Unbatchable(f"one client of a batched round needs about {need / 2**30:.1f} GB, over the memory "
+                              f"budget of {budget / 2**30:.1f} GB")
+        if used + need > budget and groups[-1]:
+            groups.append([])
+            used = 0
+        groups[-1].append(index)
+        used += need
+    return groups

@@ -1,0 +1,32 @@
+"""Kernels per round: the counter counts what it should, and a round of 32 clients dispatches about as many kernels
+as a round of 4 under execution auto (the count is deterministic: no timing involved)."""
+
+import pytest
+import torch
+
+from manytask.kernels import KERNEL_HOSTS, counted, kernel_config, round_kernels
+
+
+def test_the_counter_counts_non_view_ops_and_host_syncs():
+    x = torch.ones(4)
+
+    def work():
+        y = x + 1  # add
+        z = y.view(2, 2).t()  # views: not counted
+        (z * 2).sum().item()  # mul, sum, and the read: a sync
+
+    counter = counted(work)
+    assert counter.by_op["add"] == 1 and counter.by_op["mul"] == 1 and counter.by_op["sum"] == 1
+    assert counter.by_op["view"] == 0 and counter.by_op["t"] == 0
+    assert counter.syncs == 1 and counter.ops == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("host", ["fedavg", "moon", "feddyn"])
+def test_a_round_of_32_clients_dispatches_at_most_one_and_a_half_times_a_round_of_4(host):
+    method, plugins = KERNEL_HOSTS[host]
+    few, many = (round_kernels(kernel_config(method, plugins, n, "multi-task")) for n in (4, 32))
+    assert many.ops <= 1.5 * few.ops, (few.ops, many.ops)
+    assert many.syncs == few.syncs  # no host sync grows with the clients
+    sequential = round_kernels(kernel_config(method, plugins, 4, "multi-task", "sequential"))
+    assert sequential.ops > few.ops  # batching four clients already dispatches fewer kernels than one by one
