@@ -135,7 +135,7 @@ def test_a_shared_head_is_one_head_averaged_over_every_client_and_placed_as_each
 
 def test_adaptive_server_rules_by_hand():
     """Reddi et al.'s Algorithm 2 on one entry: m₀ = 0, v₀ = τ², Δ = 2, β₁ 0.5, β₂ 0.75, τ 0.5, η 0.1."""
-    from manytask.methods.hosts.rules import Adaptive
+    from manytask.methods.hosts.rules import Adaptive, RoundDelta
 
     theta, delta = {"w": torch.tensor([1.0])}, {"w": torch.tensor([2.0])}
     expected_v = {"adagrad": 0.25 + 4.0,  # v + Δ²
@@ -145,7 +145,7 @@ def test_adaptive_server_rules_by_hand():
         rule = Adaptive(kind, lr=0.1, beta1=0.5, beta2=0.75, tau=0.5)
         state = rule.init(theta)
         assert state["m"]["w"].item() == 0.0 and state["v"]["w"].item() == pytest.approx(0.25)
-        new, state = rule.step(theta, state, delta)
+        new, state = rule.step(theta, state, RoundDelta(delta, {"w": 1}))
         m = 0.5 * 2.0  # (1 − β₁) Δ
         assert state["m"]["w"].item() == pytest.approx(m)
         assert state["v"]["w"].item() == pytest.approx(v), kind

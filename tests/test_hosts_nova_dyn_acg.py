@@ -12,7 +12,6 @@ from manytask.engine.checkpoint import load_checkpoint
 from manytask.experiment import Experiment
 from manytask.messages import Message
 from manytask.methods.base import ClientContext
-from manytask.methods.common.aggregation import weighted_average
 from manytask.methods.common.updates import Update
 from manytask.methods.hosts.base import HostServer, TrainedCopy
 from manytask.methods.hosts.fedacg import FedAcgParams, FedAcgServer
@@ -26,7 +25,7 @@ from manytask.methods.hosts.feddyn import (
     updated_gradients,
 )
 from manytask.methods.hosts.fednova import FedNovaServer, normalized_step, normalizing_factor
-from manytask.methods.hosts.rules import Momentum
+from manytask.methods.hosts.rules import Momentum, round_delta
 from manytask.models.multitask import trainable_state
 from manytask.run import resume, run_config
 from tests.conftest import small_config_dict
@@ -189,8 +188,7 @@ def test_momentum_step_by_hand_with_per_entry_weights():
     theta, momentum = {"w": torch.zeros(2)}, {"w": torch.ones(2)}
     deltas = [{"w": torch.tensor([2.0, 2.0])}, {"w": torch.tensor([-2.0, -2.0])}]
     weights = [{"w": torch.tensor([1.0, 3.0])}, {"w": torch.tensor([1.0, 1.0])}]
-    delta = weighted_average(deltas, weights)
-    new_theta, state = Momentum(0.5).step(theta, {"momentum": momentum}, delta)
+    new_theta, state = Momentum(0.5).step(theta, {"momentum": momentum}, round_delta(deltas, weights))
     new_momentum = state["momentum"]
     # Δ = [0, 1]; m = 0.5·1 + Δ; θ = 0 + m
     assert torch.allclose(new_momentum["w"], torch.tensor([0.5, 1.5]))

@@ -26,11 +26,12 @@ from torch import Tensor
 from manytask.client.terms import ParameterTerm
 from manytask.client.trainer import TrainHook
 from manytask.execution.plan import StateUpdate
-from manytask.methods.base import ClientContext, MethodDef, Setup
-from manytask.methods.common.aggregation import Weight, weighted_average
-from manytask.methods.common.updates import Update, is_parameter
-from manytask.methods.hosts.base import HostClient, HostParams, HostServer, TrainedCopy
+from manytask.methods.base import ClientContext, MethodDef
+from manytask.methods.common.aggregation import Weight
+from manytask.methods.common.updates import is_parameter
+from manytask.methods.hosts.base import HostClient, HostParams, TrainedCopy
 from manytask.methods.hosts.fedprox import ProximalHook
+from manytask.methods.hosts.rules import Dynamic, RuleServer, round_delta
 from manytask.methods.registry import HOST, register_method
 from manytask.models.multitask import state_keys, task_of_key
 from manytask.search_space import Space, log_range
@@ -77,13 +78,9 @@ def dynamic_server_step(
     theta: Mapping[str, Tensor], h: Mapping[str, Tensor], deltas: Sequence[Mapping[str, Tensor]],
     weights: Sequence[Mapping[str, Weight]], holders: Mapping[str, int], alpha: float,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """(θ, h) after FedDyn's server step (Algorithm 1), per key held by some update, with Δ_n = θ_n − θ_sent:
-    h ← h − α (|P_k| / m_k) Σ_n p_n Δ_n;  θ ← θ_sent + Σ_n p_n Δ_n − h / α  (= Σ_n p_n θ_n − h / α)."""
-    mean = weighted_average(deltas, weights)
-    counts = {k: sum(k in delta for delta in deltas) for k in mean}
-    new_h = {k: h[k] - alpha * (counts[k] / holders[k]) * d for k, d in mean.items()}
-    new_theta = {k: theta[k] + d - new_h[k] / alpha for k, d in mean.items()}
-    return new_theta, new_h
+    """(θ, h) after FedDyn's server step (`rules.Dynamic`) over these updates' deltas Δ_n = θ_n − θ_sent."""
+    new_theta, state = Dynamic(alpha, holders).step(theta, {"h": dict(h)}, round_delta(deltas, weights))
+    return new_theta, state["h"]
 
 
 class LinearTermHook(ParameterTerm):
@@ -121,12 +118,12 @@ class FedDynClient(HostClient):
         return StateUpdate(self.gradients(ctx, copy), self.regularized(copy), self.step, GRADIENT_PREFIX)
 
 
-class FedDynServer(HostServer):
+class FedDynServer(RuleServer):
     params: FedDynParams
 
-    def __init__(self, setup: Setup, params: FedDynParams) -> None:
-        super().__init__(setup, params)
-        self.parts["h"] = {k: torch.zeros_like(v) for k, v in self.global_state.items() if is_parameter(k, v)}
+    def build_rule(self) -> Dynamic:
+        keys = [k for k, v in self.global_state.items() if is_parameter(k, v)]
+        return Dynamic(self.params.alpha, {k: self.holders(k) for k in keys})
 
     def holders(self, key: str) -> int:
         """m_k: the copies in the federation that train `key` (one per client, or one per held task with
@@ -135,17 +132,6 @@ class FedDynServer(HostServer):
         if task is not None:
             return sum(task in tasks for tasks in self.setup.holdings.values())
         return sum(len(tasks) if self.params.per_task else 1 for tasks in self.setup.holdings.values())
-
-    def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
-        deltas = [u.deltas() for u in updates]
-        holders = {k: self.holders(k) for delta in deltas for k in delta}
-        theta, h = dynamic_server_step(
-            self.global_state, self.parts["h"], deltas, [u.weights for u in updates], holders, self.params.alpha
-        )
-        self.average_buffers(updates)
-        self.global_state.update(theta)
-        self.parts["h"].update(h)
-        return {}
 
 
 register_method(

@@ -1,13 +1,14 @@
 """Server rules: what a host's server does with the round's mean update, as pure functions of tensors.
 
-A rule is `init(θ) -> state` and `step(θ, state, Δ) -> (θ, state)`, over the parameters some update holds, with
-Δ = Σ_n p_n (θ_n − θ_sent) the weighted mean update (FedAvg's weights). Its state is a fixed set of named tensor
-dicts (`state_names`), declared once: the server checkpoints it, and a checkpoint with any other name is an error.
-`RuleServer` is the whole server side of such a host: mean update, rule, buffers averaged with FedAvg's weights."""
+A rule is `init(θ) -> state` and `step(θ, state, round) -> (θ, state)`, over the parameters some update holds, with
+`round.mean` = Δ = Σ_n p_n (θ_n − θ_sent), the weighted mean update (FedAvg's weights), and `round.counts` the
+number of updates that hold each key. Its state is a fixed set of named tensor dicts (`state_names`), declared
+once: the server checkpoints it, and a checkpoint with any other name is an error. `RuleServer` is the whole server
+side of such a host: mean update, rule, buffers averaged with FedAvg's weights."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol
 
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 
 from manytask.methods.base import Setup
-from manytask.methods.common.aggregation import weighted_average
+from manytask.methods.common.aggregation import Weight, weighted_average
 from manytask.methods.common.updates import Update, is_parameter
 from manytask.methods.hosts.base import PART_PREFIX, HostParams, HostServer
 
@@ -23,13 +24,23 @@ Tensors = dict[str, Tensor]
 RuleState = dict[str, Tensors]  # state name -> parameter key -> tensor
 
 
+@dataclass(frozen=True)
+class RoundDelta:
+    mean: Tensors  # Δ_k = Σ_n p_n Δ_{n,k} over the updates that hold k
+    counts: dict[str, int]  # |P_k|: the updates that hold k
+
+
+def round_delta(deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[Mapping[str, Weight]]) -> RoundDelta:
+    mean = weighted_average(deltas, weights)
+    return RoundDelta(mean, {k: sum(k in delta for delta in deltas) for k in mean})
+
+
 class ServerRule(Protocol):
     state_names: ClassVar[tuple[str, ...]]
 
     def init(self, theta: Mapping[str, Tensor]) -> RuleState: ...
 
-    def step(self, theta: Mapping[str, Tensor], state: RuleState, delta: Mapping[str, Tensor]
-             ) -> tuple[Tensors, RuleState]: ...
+    def step(self, theta: Mapping[str, Tensor], state: RuleState, round: RoundDelta) -> tuple[Tensors, RuleState]: ...
 
 
 @dataclass(frozen=True)
@@ -42,9 +53,8 @@ class Momentum:
     def init(self, theta: Mapping[str, Tensor]) -> RuleState:
         return {"momentum": {k: torch.zeros_like(v) for k, v in theta.items()}}
 
-    def step(self, theta: Mapping[str, Tensor], state: RuleState, delta: Mapping[str, Tensor]
-             ) -> tuple[Tensors, RuleState]:
-        momentum = {k: self.lam * state["momentum"][k] + d for k, d in delta.items()}
+    def step(self, theta: Mapping[str, Tensor], state: RuleState, round: RoundDelta) -> tuple[Tensors, RuleState]:
+        momentum = {k: self.lam * state["momentum"][k] + d for k, d in round.mean.items()}
         return {k: theta[k] + m for k, m in momentum.items()}, {"momentum": momentum}
 
 
@@ -70,8 +80,8 @@ class Adaptive:
         return {"m": {k: torch.zeros_like(v) for k, v in theta.items()},
                 "v": {k: torch.full_like(v, self.tau ** 2) for k, v in theta.items()}}
 
-    def step(self, theta: Mapping[str, Tensor], state: RuleState, delta: Mapping[str, Tensor]
-             ) -> tuple[Tensors, RuleState]:
+    def step(self, theta: Mapping[str, Tensor], state: RuleState, round: RoundDelta) -> tuple[Tensors, RuleState]:
+        delta = round.mean
         m = {k: self.beta1 * state["m"][k] + (1 - self.beta1) * d for k, d in delta.items()}
         v = {k: self._second(state["v"][k], d * d) for k, d in delta.items()}
         return {k: theta[k] + self.lr * m[k] / (v[k].sqrt() + self.tau) for k in delta}, {"m": m, "v": v}
@@ -82,6 +92,25 @@ class Adaptive:
         if self.kind == "adam":
             return self.beta2 * v + (1 - self.beta2) * square
         return v - (1 - self.beta2) * square * torch.sign(v - square)
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """FedDyn's server step (Acar et al., ICLR 2021, Algorithm 1), per key k held by some update, with m_k the
+    copies in the federation that train k (`holders`):
+        h ← h − α (|P_k| / m_k) Δ_k;   θ ← θ + Δ_k − h / α   (= Σ_n p_n θ_n − h / α)."""
+
+    alpha: float
+    holders: Mapping[str, int]
+    state_names: ClassVar[tuple[str, ...]] = ("h",)
+
+    def init(self, theta: Mapping[str, Tensor]) -> RuleState:
+        return {"h": {k: torch.zeros_like(v) for k, v in theta.items()}}
+
+    def step(self, theta: Mapping[str, Tensor], state: RuleState, round: RoundDelta) -> tuple[Tensors, RuleState]:
+        alpha = self.alpha
+        h = {k: state["h"][k] - alpha * (round.counts[k] / self.holders[k]) * d for k, d in round.mean.items()}
+        return {k: theta[k] + d - h[k] / alpha for k, d in round.mean.items()}, {"h": h}
 
 
 class RuleServer(HostServer):
@@ -107,9 +136,9 @@ class RuleServer(HostServer):
         super().load_state_dict(state)
 
     def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
-        delta = weighted_average([u.deltas() for u in updates], [u.weights for u in updates])
-        state = {name: {k: self.parts[name][k] for k in delta} for name in self.rule.state_names}
-        theta, state = self.rule.step(self.global_state, state, delta)
+        round = round_delta([u.deltas() for u in updates], [u.weights for u in updates])
+        state = {name: {k: self.parts[name][k] for k in round.mean} for name in self.rule.state_names}
+        theta, state = self.rule.step(self.global_state, state, round)
         self.average_buffers(updates)
         self.global_state.update(theta)
         for name, values in state.items():
