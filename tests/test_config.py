@@ -95,7 +95,8 @@ def test_plugins_cross_every_method_entry():
 
 
 @pytest.mark.parametrize(("method", "message"), [
-    ({"name": "matu", "plugin": "dea"}, r"plug-in 'dea' cannot wrap 'matu'; it wraps: fedacg, fedavg, fedbn, "),
+    ({"name": "matu", "plugin": "dea"},
+     r"plug-in 'dea' cannot wrap 'matu'; it wraps: fedacg, fedadagrad, fedadam, fedavg, fedbn, "),
     ({"name": "fedavg", "plugin": "dae"}, r"unknown plug-in 'dae'"),
     ({"name": "fedavg", "plugin": {"name": "dea", "rho": 0}}, r"parameter 'rho' of plug-in 'dea' is invalid"),
     ({"name": "fedavg", "plugin": {"rho": 0.3}}, r"'plugin' must be a name or a mapping with a 'name'"),
