@@ -22,6 +22,7 @@ SPECS = {"a": TaskSpec("a", TaskKind.CLASSIFICATION, 3), "b": TaskSpec("b", Task
 CLIENTS = [
     (1, {"a": 23}, False), (2, {"a": 10, "b": 40}, False), (3, {"b": 5}, False), (4, {"a": 30, "r": 30}, True),
     (5, {"r": 18, "b": 12, "a": 3}, False), (6, {"c": 19}, False), (7, {"a": 9}, False),
+    (8, {"b": 70}, False),  # the longest: its last steps train it alone, after every client with several rows
 ]
 MODELS = {
     "mlp": ("mlp", {"hidden": [8]}),

@@ -136,9 +136,10 @@ class _Round:
                 group = groups.setdefault(signature, _HeadGroup(task, SAMPLE_LOSSES[spec.kind]))
                 group.pairs.append((row.client, task, r))
         self.groups = list(groups.values())
+        for group in self.groups:  # by client: the clients still training at a step own a prefix of the pairs
+            group.pairs.sort(key=lambda pair: (pair[0], pair[2]))
         self.pair_places = {(c, t): (index, position) for index, group in enumerate(self.groups)
                             for position, (c, t, _) in enumerate(group.pairs)}
-        self.slots = self._slots()
         kinds = {tuple((type(t), t.module) for t in plan.features) for plan in plans}
         if len(kinds) > 1:
             raise Unbatchable("clients of the round have different feature terms")
@@ -147,15 +148,6 @@ class _Round:
 
     def per_client(self, name: str) -> bool:
         return name.startswith(self.client_prefixes)
-
-    def _slots(self) -> list[tuple[int, int, Tensor | None]]:
-        """The rows of each slot, (first, end, their clients; None when row r is client r), slot by slot."""
-        slots = []
-        for slot in sorted({row.slot for row in self.rows}):
-            rows = [r for r, row in enumerate(self.rows) if row.slot == slot]
-            clients = None if self.one_row_each else self.row_clients[rows[0]:rows[-1] + 1]
-            slots.append((rows[0], rows[-1] + 1, clients))
-        return slots
 
     def leaves(self) -> dict[str, Tensor]:
         """The stacked trainable leaves: backbone parameters over clients, head parameters over each group's
@@ -292,7 +284,9 @@ class _StackedTerm:
         self.operands, self.present = _per_leaf(round_, [t.operands for t in terms], leaves)
 
     def loss(self, live: Mapping[str, Tensor]) -> Tensor:
-        return self.term.stacked_loss(live, self.operands, self.present)
+        """The term over the live rows (a prefix of each leaf's)."""
+        operands = {k: v[:len(live[k])] for k, v in self.operands.items()}
+        return self.term.stacked_loss(live, operands, {k: v[:len(live[k])] for k, v in self.present.items()})
 
 
 class _StackedFeatureTerm:
@@ -332,14 +326,22 @@ class _StackedFeatureTerm:
     def _represent(self, backbone: dict[str, Tensor], module: dict[str, Tensor], x: Tensor) -> Tensor:
         return functional_call(self.module, module, (functional_call(self.eval_backbone, backbone, (x,)),))
 
-    def loss(self, live: Mapping[str, Tensor], features: Tensor, x: Tensor, weight: Tensor) -> Tensor:
-        own = {n[len(self.prefix):]: live[n] if self.rows is None else live[n].index_select(0, self.rows.to(
-            features.device)) for n in live if n.startswith(self.prefix)}
+    def loss(self, live: Mapping[str, Tensor], features: Tensor, x: Tensor, weight: Tensor, layout: _Step) -> Tensor:
+        """The term over the step's active rows (`layout`)."""
+        own = {n[len(self.prefix):]: live[n] if layout.row_clients is None else live[n].index_select(
+            0, layout.row_clients) for n in live if n.startswith(self.prefix)}
         z = vmap(lambda params, f: functional_call(self.module, params, (f,)))(own, features)
+
+        def active(stacked: dict[str, Tensor]) -> dict[str, Tensor]:
+            return {n: v[:layout.clients] if layout.rows is None else v.index_select(0, layout.rows)
+                    for n, v in stacked.items()}
+
         with torch.no_grad():
-            anchor_zs = [vmap(self._represent)(backbone, module, x) for backbone, module in self.anchors]
+            anchor_zs = [vmap(self._represent)(active(backbone), active(module), x)
+                         for backbone, module in self.anchors]
         per_sample = vmap(self.term.per_sample)(z, anchor_zs)
-        tasks = self.per_row_tasks.to(per_sample.device, per_sample.dtype).view(-1, 1)
+        tasks = self.per_row_tasks.to(per_sample.device, per_sample.dtype)
+        tasks = (tasks[:layout.clients] if layout.rows is None else tasks.index_select(0, layout.rows)).view(-1, 1)
         return self.term.scale * (per_sample * weight * tasks).sum()
 
 
@@ -370,30 +372,74 @@ def _stacked_terms(round_: _Round, leaves: Mapping[str, Tensor]) -> list[_Stacke
             for position in range(len(round_.plans[0].terms))]
 
 
-def _fold_statistics(round_: _Round, running: dict[str, Tensor], stats: Mapping[str, tuple[Tensor, Tensor, Tensor]],
-                     momenta: Mapping[str, float]) -> None:
-    """Each client's running statistics after its rows' BatchNorm passes of a step, in the order the sequential
-    trainer runs them: mean ← mean + m·moved·(batch mean − mean), the same for the variance (unbiased), and the
-    counter + moved."""
+def _fold_statistics(running: dict[str, Tensor], stats: Mapping[str, tuple[Tensor, Tensor, Tensor]],
+                     momenta: Mapping[str, float], layout: _Step) -> None:
+    """Each client's running statistics after its rows' BatchNorm passes of a step, slot by slot, the order the
+    sequential trainer runs them: mean ← mean + m·moved·(batch mean − mean), the same for the variance (unbiased),
+    and the counter + moved."""
     for layer, (mean, variance, moved) in stats.items():
         m = momenta[layer]
-        for first, end, clients in round_.slots:
-            clients = None if clients is None else clients.to(mean.device)
+        for first, end, clients in layout.slots:
             for buffer, value in ((f"{layer}.running_mean", mean), (f"{layer}.running_var", variance)):
                 stack = running[BACKBONE_PREFIX + buffer]
-                current = stack if clients is None else stack.index_select(0, clients)
+                current = stack[:end - first] if clients is None else stack.index_select(0, clients)
                 moved_rows = moved[first:end].view(-1, *([1] * (current.dim() - 1)))
                 updated = current + (m * moved_rows) * (value[first:end] - current)
                 if clients is None:
-                    stack.copy_(updated)
+                    current.copy_(updated)
                 else:
                     stack.index_copy_(0, clients, updated)
             counter = running[BACKBONE_PREFIX + f"{layer}.num_batches_tracked"]
             increment = moved[first:end].to(counter.dtype)
             if clients is None:
-                counter.add_(increment)
+                counter[:end - first].add_(increment)
             else:
                 counter.index_add_(0, clients, increment)
+
+
+@dataclass
+class _Step:
+    """Which rows and pairs train at one step: the clients still training are a prefix of the round's clients (they
+    are ordered by their steps, most first), so their rows are a prefix of each slot and their pairs a prefix of
+    each head group; every stacked leaf trains on a prefix view of itself, without a copy."""
+
+    clients: int  # the prefix of clients still training
+    rows: Tensor | None  # the active rows, in row order (None: rows 0..clients-1, the first row of each client)
+    row_clients: Tensor | None  # their clients (None: as `rows`)
+    slots: list[tuple[int, int, Tensor | None]]  # per slot: (first active row, end, their clients or None: identity)
+    pairs: list[int]  # per head group, the prefix of its pairs still training
+    positions: list[Tensor | None]  # per head group, its active pairs' places among the active rows (None: same)
+    pair_index: Tensor  # the active pairs' indices into the round's pairs, in the order their losses come
+
+
+def _step_layouts(round_: _Round, steps: list[int], device: torch.device) -> list[_Step]:
+    layouts = []
+    offsets = [0]
+    for group in round_.groups:
+        offsets.append(offsets[-1] + len(group.pairs))
+    for step in range(max(steps)):
+        clients = sum(count > step for count in steps)
+        rows = [r for r, row in enumerate(round_.rows) if row.client < clients]
+        place = {r: i for i, r in enumerate(rows)}
+        identity = rows == list(range(clients))
+        slots = []
+        for slot in sorted({round_.rows[r].slot for r in rows}):
+            members = [i for i, r in enumerate(rows) if round_.rows[r].slot == slot]
+            owners = [round_.rows[rows[i]].client for i in members]
+            slots.append((members[0], members[-1] + 1,
+                          None if owners == list(range(len(owners))) else torch.tensor(owners, device=device)))
+        pairs, positions, index = [], [], []
+        for g, group in enumerate(round_.groups):
+            count = sum(c < clients for c, _, _ in group.pairs)
+            where = [place[r] for _, _, r in group.pairs[:count]]
+            pairs.append(count)
+            positions.append(None if where == list(range(len(rows))) else torch.tensor(where, device=device))
+            index.extend(range(offsets[g], offsets[g] + count))
+        layouts.append(_Step(
+            clients, None if identity else torch.tensor(rows, device=device),
+            None if identity else torch.tensor([round_.rows[r].client for r in rows], device=device),
+            slots, pairs, positions, torch.tensor(index, device=device)))
+    return layouts
 
 
 def train_batched(plans: Sequence[ClientPlan], plain_chains: bool = True) -> list[PlanResult]:
@@ -408,8 +454,19 @@ def train_batched(plans: Sequence[ClientPlan], plain_chains: bool = True) -> lis
         raise Unbatchable("clients of the round train different models, optimizers or lr schedules")
     check_model(template)
     check_trainer(trainer, list(dict.fromkeys(t for plan in plans for t in plan.data)))
+    own_steps = [trainer.num_steps(plan.data) for plan in plans]
+    order = sorted(range(len(plans)), key=lambda c: -own_steps[c])  # most steps first: the active are a prefix
+    results = _train_ordered(template, trainer, [plans[c] for c in order], [own_steps[c] for c in order],
+                             round_index, total_rounds, plain_chains)
+    back = [0] * len(plans)
+    for position, client in enumerate(order):
+        back[client] = position
+    return [results[back[c]] for c in range(len(plans))]
+
+
+def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[ClientPlan], steps: list[int],
+                   round_index: int, total_rounds: int, plain_chains: bool) -> list[PlanResult]:
     round_ = _Round(template, trainer, plans)
-    steps = [trainer.num_steps(plan.data) for plan in plans]
     leaves = round_.leaves()
     owners = round_.owners(leaves)
     terms = _stacked_terms(round_, leaves)
@@ -418,20 +475,17 @@ def train_batched(plans: Sequence[ClientPlan], plain_chains: bool = True) -> lis
     inputs = _INPUTS.concatenated([_row_x(round_, row) for row in round_.rows])
     batches, local = _batches(round_, steps, inputs)
     targets = [_group_targets(round_, group, local) for group in round_.groups]
-    group_rows = [None if [r for _, _, r in g.pairs] == list(range(len(round_.rows)))
-                  else torch.tensor([r for _, _, r in g.pairs], device=device) for g in round_.groups]
-    row_clients = round_.row_clients.to(device)
     running = {n: torch.stack([plan.start[n] for plan in plans]) for n in round_.buffer_names}
     context = NormContext()
     backbone = masked_copy(template.backbone, context)
     momenta = {m.name: m.momentum for m in backbone.modules() if isinstance(m, MaskedBatchNorm)}
     whole = all(p.requires_grad for p in template.backbone.parameters())  # frozen weights: not per row, so vmap
     chain = chain_forward(template.backbone) if plain_chains and whole else None
-    active = _active(steps, owners, device)
     config = trainer.config
     optimizer = batched_optimizer(config, config.lr_at(round_index, total_rounds))
     names = list(leaves)
-    recorded: list[Tensor] = []
+    group_of = {n: i for i, g in enumerate(round_.groups) for n in names if n.startswith(g.key(i, ""))}
+    recorded: list[tuple[Tensor, Tensor]] = []
 
     def backbone_row(params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, mask: Tensor):
         context.mask, context.stats = mask, {}
@@ -439,38 +493,46 @@ def train_batched(plans: Sequence[ClientPlan], plain_chains: bool = True) -> lis
         return features, dict(context.stats)
 
     strip = len(BACKBONE_PREFIX)
-    for step in range(max(steps)):
-        live = {n: leaves[n].detach().requires_grad_() for n in names}
-        x = inputs.index_select(0, batches.index[step].flatten()).view(*batches.index.shape[1:], *inputs.shape[1:])
-        per_row = {n[strip:]: (live[n] if round_.one_row_each else live[n].index_select(0, row_clients))
+    for step, layout in enumerate(_step_layouts(round_, steps, device)):
+        sizes = {n: layout.clients if n not in group_of else layout.pairs[group_of[n]] for n in names}
+        live = {n: leaves[n][:sizes[n]].detach().requires_grad_() for n in names}
+        index, weight, mask = (part[step][:layout.clients] if layout.rows is None else
+                               part[step].index_select(0, layout.rows)
+                               for part in (batches.index, batches.weight, batches.mask))
+        x = inputs.index_select(0, index.flatten()).view(*index.shape, *inputs.shape[1:])
+        per_row = {n[strip:]: live[n] if layout.row_clients is None else live[n].index_select(0, layout.row_clients)
                    for n in names if n.startswith(BACKBONE_PREFIX)}
-        row_buffers = {n[strip:]: (b if round_.one_row_each else b.index_select(0, row_clients))
-                       for n, b in running.items()}
+        row_buffers = {n[strip:]: b[:layout.clients] if layout.row_clients is None else
+                       b.index_select(0, layout.row_clients) for n, b in running.items()}
         rows_forward = vmap(backbone_row) if chain is None else chain
-        raw_features, stats = rows_forward(per_row, row_buffers, x, batches.mask[step])
+        raw_features, stats = rows_forward(per_row, row_buffers, x, mask)
         features = template.head_input(raw_features)
         losses = []
-        for index, (group, (y, y_index), rows) in enumerate(zip(round_.groups, targets, group_rows, strict=True)):
+        for g, (group, (y, y_index)) in enumerate(zip(round_.groups, targets, strict=True)):
+            count, positions = layout.pairs[g], layout.positions[g]
+            if not count:
+                continue
             head = template.heads[group.task]
-            params = {s: live[group.key(index, s)] for s, _ in head.named_parameters()}
-            row_features = features if rows is None else features.index_select(0, rows)
-            weight = batches.weight[step] if rows is None else batches.weight[step].index_select(0, rows)
-            row_y = y.index_select(0, y_index[step].flatten()).view(*y_index.shape[1:], *y.shape[1:])
-            losses.append(vmap(_head_loss(head, group.sample_loss))(params, row_features, row_y, weight))
+            params = {s: live[group.key(g, s)] for s, _ in head.named_parameters()}
+            row_features = features if positions is None else features.index_select(0, positions)
+            row_weight = weight if positions is None else weight.index_select(0, positions)
+            pair_index = y_index[step][:count]
+            row_y = y.index_select(0, pair_index.flatten()).view(*pair_index.shape, *y.shape[1:])
+            losses.append(vmap(_head_loss(head, group.sample_loss))(params, row_features, row_y, row_weight))
         step_losses = losses[0] if len(losses) == 1 else torch.cat(losses)
         loss = step_losses.sum()
         for term in terms:
             loss = loss + term.loss(live)
         for feature_term in feature_terms:
-            loss = loss + feature_term.loss(live, raw_features, x, batches.weight[step])
+            loss = loss + feature_term.loss(live, raw_features, x, weight, layout)
         grads = list(torch.autograd.grad(loss, [live[n] for n in names], allow_unused=True, materialize_grads=True))
         with torch.no_grad():
-            _fold_statistics(round_, running, stats, momenta)
+            _fold_statistics(running, stats, momenta, layout)
             if config.grad_clip is not None:
-                grads = clip_per_client(grads, [owners[n] for n in names], len(plans), config.grad_clip)
-            optimizer.step([leaves[n] for n in names], grads, [None if a is None else a[step] for a in
-                                                               (active[n] for n in names)])
-        recorded.append(step_losses.detach())
+                grads = clip_per_client(grads, [None if owners[n] is None else owners[n][:sizes[n]] for n in names],
+                                        layout.clients, config.grad_clip)
+            optimizer.step([leaves[n][:sizes[n]] for n in names], grads)
+        recorded.append((step_losses.detach(), layout.pair_index))
     return _results(round_, leaves, running, steps, recorded, _updated_states(round_, leaves))
 
 
@@ -481,20 +543,14 @@ def _head_loss(head: nn.Module, sample_loss: Callable[[Tensor, Tensor], Tensor])
     return loss
 
 
-def _active(steps: list[int], owners: Mapping[str, Tensor | None], device: torch.device
-            ) -> dict[str, Tensor | None]:
-    """Per leaf, (steps, leaf rows): 1 where the row's client still trains at that step; None for every leaf when
-    all clients take the same steps."""
-    if len(set(steps)) == 1:
-        return dict.fromkeys(owners)
-    per_client = (torch.arange(max(steps)).view(-1, 1) < torch.tensor(steps).view(1, -1)).float().to(device)
-    return {n: per_client if owner is None else per_client.index_select(1, owner) for n, owner in owners.items()}
-
-
 def _results(round_: _Round, leaves: Mapping[str, Tensor], running: Mapping[str, Tensor], steps: list[int],
-             recorded: list[Tensor], states: list[dict[str, Tensor]]) -> list[PlanResult]:
-    """Each client's trained parameters and buffers (views of the stacks, which change no more) and its report."""
-    totals = torch.stack(recorded).double().sum(0).tolist() if recorded else []
+             recorded: list[tuple[Tensor, Tensor]], states: list[dict[str, Tensor]]) -> list[PlanResult]:
+    """Each client's trained parameters and buffers (views of the stacks, which change no more) and its report;
+    the losses are summed per pair once, in float64 (one accumulating op), and read once."""
+    pairs = sum(len(group.pairs) for group in round_.groups)
+    losses, where = (torch.cat(part) for part in zip(*recorded, strict=True))
+    totals = torch.zeros(pairs, dtype=torch.float64, device=losses.device).index_put_(
+        (where,), losses.double(), accumulate=True).tolist()
     pair_losses: dict[tuple[int, str], float] = {}
     position = 0
     for group in round_.groups:

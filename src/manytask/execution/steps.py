@@ -5,7 +5,8 @@ rounding), in a number of operations that does not grow with the clients.
 - `clip_per_client`: `torch.nn.utils.clip_grad_norm_` per client, its norm over all of that client's gradients;
 - `BatchedSGD`: `torch.optim.SGD` (momentum, coupled weight decay; no dampening, no Nesterov);
 - `BatchedAdamW`: `torch.optim.AdamW` with its defaults (betas 0.9/0.999, eps 1e-8) and the config's weight decay.
-A row whose client has no step left keeps its values (`active`, per row, 1 or 0; None when every row trains)."""
+Each step moves the rows still training, a prefix of every stack: the optimizer's state is kept for all rows and
+stepped on the same prefix (rows only ever stop)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class BatchedSGD:
         self.lr, self.momentum, self.weight_decay = lr, config.momentum, config.weight_decay
         self.buffers: list[Tensor] = []
 
-    def step(self, params: list[Tensor], grads: list[Tensor], active: list[Tensor | None]) -> None:
+    def step(self, params: list[Tensor], grads: list[Tensor]) -> None:
+        """One step of the rows in `params` (prefix views of the stacks) with their gradients."""
         with torch.no_grad():
             if self.weight_decay:
                 grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
@@ -51,10 +53,11 @@ class BatchedSGD:
                 if not self.buffers:  # the first step's gradients become the buffers (autograd made them for it)
                     self.buffers = grads
                 else:
-                    torch._foreach_mul_(self.buffers, self.momentum)
-                    torch._foreach_add_(self.buffers, grads)
-                grads = self.buffers
-            torch._foreach_add_(params, _masked(grads, active), alpha=-self.lr)
+                    prefix = _prefix(self.buffers, grads)
+                    torch._foreach_mul_(prefix, self.momentum)
+                    torch._foreach_add_(prefix, grads)
+                grads = _prefix(self.buffers, grads)
+            torch._foreach_add_(params, grads, alpha=-self.lr)
 
 
 class BatchedAdamW:
@@ -65,29 +68,32 @@ class BatchedAdamW:
         self.second: list[Tensor] = []
         self.steps = 0
 
-    def step(self, params: list[Tensor], grads: list[Tensor], active: list[Tensor | None]) -> None:
+    def step(self, params: list[Tensor], grads: list[Tensor]) -> None:
+        """One step of the rows in `params` (prefix views of the stacks) with their gradients."""
         beta1, beta2 = self.betas
         with torch.no_grad():
-            if not self.first:
+            if not self.first:  # the first step trains every row
                 self.first = [torch.zeros_like(p) for p in params]
                 self.second = [torch.zeros_like(p) for p in params]
+            first, second = _prefix(self.first, grads), _prefix(self.second, grads)
             self.steps += 1  # every row still training has taken as many steps: rows only ever stop
             if self.weight_decay:
-                torch._foreach_add_(params, _masked(torch._foreach_mul(params, -self.lr * self.weight_decay), active))
-            torch._foreach_lerp_(self.first, grads, 1 - beta1)
-            torch._foreach_mul_(self.second, beta2)
-            torch._foreach_addcmul_(self.second, grads, grads, 1 - beta2)
+                torch._foreach_mul_(params, 1 - self.lr * self.weight_decay)
+            torch._foreach_lerp_(first, grads, 1 - beta1)
+            torch._foreach_mul_(second, beta2)
+            torch._foreach_addcmul_(second, grads, grads, 1 - beta2)
             correction1 = 1 - beta1 ** self.steps
             root2 = math.sqrt(1 - beta2 ** self.steps)
-            denominators = torch._foreach_sqrt(self.second)
+            denominators = torch._foreach_sqrt(second)
             torch._foreach_div_(denominators, root2)
             torch._foreach_add_(denominators, self.eps)
-            updates = torch._foreach_div(self.first, denominators)
-            torch._foreach_add_(params, _masked(updates, active), alpha=-self.lr / correction1)
+            updates = torch._foreach_div(first, denominators)
+            torch._foreach_add_(params, updates, alpha=-self.lr / correction1)
 
 
-def _masked(updates: list[Tensor], active: list[Tensor | None]) -> list[Tensor]:
-    return [u if a is None else u * _rows(a, u) for u, a in zip(updates, active, strict=True)]
+def _prefix(state: list[Tensor], like: list[Tensor]) -> list[Tensor]:
+    """Views of the optimizer's state on the rows `like` covers (a prefix)."""
+    return [s[: len(t)] for s, t in zip(state, like, strict=True)]
 
 
 def batched_optimizer(config: TrainConfig, lr: float) -> BatchedSGD | BatchedAdamW:
