@@ -32,7 +32,7 @@ from torch.func import functional_call, vmap
 from manytask.client.terms import ParameterTerm
 from manytask.client.trainer import Trainer, TrainReport, index_batches, shares_inputs, stream_seed_request
 from manytask.execution.chains import chain_forward
-from manytask.execution.norms import MaskedBatchNorm, NormContext, masked_copy
+from manytask.execution.norms import MaskedBatchNorm, NormContext, Statistics, masked_copy
 from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
 from manytask.execution.steps import batched_optimizer, clip_per_client
 from manytask.models.multitask import (
@@ -492,7 +492,6 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
         features = functional_call(backbone, (params, buffers), (x,))
         return features, dict(context.stats)
 
-    strip = len(BACKBONE_PREFIX)
     for step, layout in enumerate(_step_layouts(round_, steps, device)):
         sizes = {n: layout.clients if n not in group_of else layout.pairs[group_of[n]] for n in names}
         live = {n: leaves[n][:sizes[n]].detach().requires_grad_() for n in names}
@@ -500,12 +499,8 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                                part[step].index_select(0, layout.rows)
                                for part in (batches.index, batches.weight, batches.mask))
         x = inputs.index_select(0, index.flatten()).view(*index.shape, *inputs.shape[1:])
-        per_row = {n[strip:]: live[n] if layout.row_clients is None else live[n].index_select(0, layout.row_clients)
-                   for n in names if n.startswith(BACKBONE_PREFIX)}
-        row_buffers = {n[strip:]: b[:layout.clients] if layout.row_clients is None else
-                       b.index_select(0, layout.row_clients) for n, b in running.items()}
         rows_forward = vmap(backbone_row) if chain is None else chain
-        raw_features, stats = rows_forward(per_row, row_buffers, x, mask)
+        raw_features, stats, extra = _backbone_passes(rows_forward, live, leaves, running, x, mask, layout)
         features = template.head_input(raw_features)
         losses = []
         for g, (group, (y, y_index)) in enumerate(zip(round_.groups, targets, strict=True)):
@@ -525,8 +520,13 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
             loss = loss + term.loss(live)
         for feature_term in feature_terms:
             loss = loss + feature_term.loss(live, raw_features, x, weight, layout)
-        grads = list(torch.autograd.grad(loss, [live[n] for n in names], allow_unused=True, materialize_grads=True))
+        grads = list(torch.autograd.grad(loss, [live[n] for n in names] + list(extra.values()), allow_unused=True,
+                                         materialize_grads=True))
         with torch.no_grad():
+            extra_grads = dict(zip(extra, grads[len(names):], strict=True))
+            grads = [grad if n not in extra_grads else grad.index_add_(0, layout.row_clients[layout.clients:],
+                                                                        extra_grads[n])
+                     for n, grad in zip(names, grads[:len(names)], strict=True)]
             _fold_statistics(running, stats, momenta, layout)
             if config.grad_clip is not None:
                 grads = clip_per_client(grads, [None if owners[n] is None else owners[n][:sizes[n]] for n in names],
@@ -534,6 +534,33 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
             optimizer.step([leaves[n][:sizes[n]] for n in names], grads)
         recorded.append((step_losses.detach(), layout.pair_index))
     return _results(round_, leaves, running, steps, recorded, _updated_states(round_, leaves))
+
+
+def _backbone_passes(forward: Callable, live: Mapping[str, Tensor], leaves: Mapping[str, Tensor],
+                     running: Mapping[str, Tensor], x: Tensor, mask: Tensor, layout: _Step
+                     ) -> tuple[Tensor, dict[str, Statistics], dict[str, Tensor]]:
+    """The backbone on the step's active rows: (features, BatchNorm statistics, the extra rows' parameter leaves).
+
+    The first rows are each active client's first (the stacks' prefix itself: no gather). A client's further rows
+    (its other tasks' batches) run as a second pass on leaves of their own, gathered from the stacks without
+    autograd; their gradients are added into the stacks' afterwards. Differentiating through a gather instead
+    scatters every step's gradient into a zero-filled copy of the whole stack."""
+    strip = len(BACKBONE_PREFIX)
+    first = layout.clients
+    params = {n[strip:]: v for n, v in live.items() if n.startswith(BACKBONE_PREFIX)}
+    buffers = {n[strip:]: b[:first] for n, b in running.items()}
+    if layout.row_clients is None:
+        features, stats = forward(params, buffers, x, mask)
+        return features, stats, {}
+    others = layout.row_clients[first:]
+    extra = {n: leaves[n].index_select(0, others).requires_grad_() for n in live if n.startswith(BACKBONE_PREFIX)}
+    features, stats = forward(params, buffers, x[:first], mask[:first])
+    more, more_stats = forward({n[strip:]: v for n, v in extra.items()},
+                               {n[strip:]: b.index_select(0, others) for n, b in running.items()}, x[first:],
+                               mask[first:])
+    joined = {layer: tuple(torch.cat([a, b]) for a, b in zip(stats[layer], more_stats[layer], strict=True))
+              for layer in stats}
+    return torch.cat([features, more]), joined, extra
 
 
 def _head_loss(head: nn.Module, sample_loss: Callable[[Tensor, Tensor], Tensor]):
