@@ -5,7 +5,8 @@ label-skew config (`configs/sfmtl/fashion_mnist_label_skew.yaml`): 20 clients, e
 10 labels, every client sampled, 3 local steps of batch 32, plain SGD with gradient clipping, FedAvg. Where the
 Fashion-MNIST files are not on disk the `digits` source stands in (8×8 images), and the result says so.
 
-Two yardsticks, neither with any FL machinery:
+The yardsticks run on the device the engine trains on (`device: auto`). Two yardsticks, neither with any FL
+machinery:
 - the *batched limit*: one model trained on the 20 clients' batches concatenated (640 samples a step), for the
   same 3 steps: what one batched round cannot beat;
 - the *sequential limit*: one reused model trained on each client's batches in turn, then averaged: the bare loop
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 from manytask.benchmarks.fashion_mnist import DEFAULT_ROOT
 from manytask.config import RunConfig, validate
+from manytask.devices import resolve_device
 from manytask.experiment import Experiment
 from manytask.seeding import torch_generator
 
@@ -46,13 +48,21 @@ def limit_config(execution: str, rounds: int, clients: int = CLIENTS) -> RunConf
     })
 
 
-def _client_batches(experiment: Experiment, round_index: int) -> list[list[tuple[torch.Tensor, torch.Tensor, str]]]:
+Data = list[tuple[str, torch.Tensor, torch.Tensor]]
+
+
+def _client_data(experiment: Experiment, device: torch.device) -> Data:
+    """Every client's (task, x, y), on the device the engine trains on (moved once, as the engine's are)."""
+    return [(task, x.to(device), y.to(device)) for client in range(experiment.federation.num_clients)
+            for task, (x, y) in experiment.client_data(client).items()]
+
+
+def _client_batches(data: Data, round_index: int) -> list[list[tuple[torch.Tensor, torch.Tensor, str]]]:
     """Per client, its STEPS batches of one round (random draws: the yardsticks' cost does not depend on which)."""
     batches = []
-    for client in range(experiment.federation.num_clients):
-        ((task, (x, y)),) = experiment.client_data(client).items()
+    for client, (task, x, y) in enumerate(data):
         generator = torch_generator(0, "limit", round_index, client)
-        picks = [torch.randint(len(y), (BATCH,), generator=generator) for _ in range(STEPS)]
+        picks = [torch.randint(len(y), (BATCH,), generator=generator).to(x.device) for _ in range(STEPS)]
         batches.append([(x[p], y[p], task) for p in picks])
     return batches
 
@@ -61,14 +71,16 @@ def concatenated_runner(rounds: int) -> Callable[[int], None]:
     """The batched limit as a function that runs its next `count` rounds: one model, one head, every step on all
     clients' batches at once."""
     experiment = Experiment.build(limit_config("sequential", rounds + 2))
-    model = experiment.setup.build_model()
+    device = resolve_device(experiment.config.device)
+    model = experiment.setup.build_model().to(device)
+    data = _client_data(experiment, device)
     task = next(iter(experiment.setup.specs))
     params = [p for p in model.parameters() if p.requires_grad]
     done = [0]
 
     def run(count: int) -> None:
         for _ in range(count):
-            batches = _client_batches(experiment, done[0])
+            batches = _client_batches(data, done[0])
             steps = [(torch.cat([b[s][0] for b in batches]), torch.cat([b[s][1] for b in batches]))
                      for s in range(STEPS)]
             opt = torch.optim.SGD(params, lr=0.05)
@@ -86,7 +98,9 @@ def sequential_runner(rounds: int) -> Callable[[int], None]:
     """The sequential limit as a function that runs its next `count` rounds: each client loads the global state,
     takes its steps with its own head, and the backbone and heads are averaged (FedAvg's weights)."""
     experiment = Experiment.build(limit_config("sequential", rounds + 2))
-    model = experiment.setup.build_model()
+    device = resolve_device(experiment.config.device)
+    model = experiment.setup.build_model().to(device)
+    data = _client_data(experiment, device)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     done = [0]
 
@@ -95,7 +109,7 @@ def sequential_runner(rounds: int) -> Callable[[int], None]:
         for _ in range(count):
             sums: dict[str, torch.Tensor] = {}
             weights: dict[str, float] = {}
-            for client, steps in enumerate(_client_batches(experiment, done[0])):
+            for client, steps in enumerate(_client_batches(data, done[0])):
                 model.load_state_dict(state)
                 params = [p for p in model.parameters() if p.requires_grad]
                 opt = torch.optim.SGD(params, lr=0.05)
