@@ -1,0 +1,136 @@
+"""What a round's clients add to their objective and keep afterwards, stacked over the rows of the leaves that
+train: parameter terms (`ParameterTerm`), feature terms (`FeatureTerm`, with their frozen anchors) and state
+updates (`StateUpdate`)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+from torch.func import functional_call, vmap
+
+from manytask.client.terms import ParameterTerm
+from manytask.execution.layout import Round, Step
+from manytask.execution.plan import Unbatchable
+from manytask.models.multitask import BACKBONE_PREFIX, merged_state
+
+
+def per_leaf(round_: Round, per_client: Sequence[Mapping[str, Tensor]], leaves: Mapping[str, Tensor]
+              ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Per-client tensors by parameter name, placed on the rows of the leaves that train them: per leaf, the stacked
+    values (zeros on rows without one) and `present`, (rows,), 1 where a row has one."""
+    places: dict[str, list[tuple[int, Tensor]]] = {}
+    for client, tensors in enumerate(per_client):
+        for name, value in tensors.items():
+            place = round_.leaf_of(client, name)
+            if place is None:
+                raise Unbatchable(f"a client's objective covers a parameter that is not trained ({name})")
+            places.setdefault(place[0], []).append((place[1], value))
+    stacked, present = {}, {}
+    for leaf, entries in places.items():
+        values = torch.zeros_like(leaves[leaf])
+        rows = torch.tensor([row for row, _ in entries], device=values.device)
+        values.index_copy_(0, rows, torch.stack([value for _, value in entries]).to(values.dtype))
+        present[leaf] = torch.zeros(len(values), dtype=values.dtype, device=values.device).index_fill_(0, rows, 1.0)
+        stacked[leaf] = values
+    return stacked, present
+
+
+class StackedTerm:
+    """One hook position's parameter terms of every client, over the leaves."""
+
+    def __init__(self, round_: Round, terms: list[ParameterTerm], leaves: Mapping[str, Tensor]) -> None:
+        self.term = terms[0]
+        if any(t.scale != self.term.scale or t.piece is not self.term.piece for t in terms):
+            raise Unbatchable("clients of the round weigh a training term differently")
+        self.operands, self.present = per_leaf(round_, [t.operands for t in terms], leaves)
+
+    def loss(self, live: Mapping[str, Tensor]) -> Tensor:
+        """The term over the live rows (a prefix of each leaf's)."""
+        operands = {k: v[:len(live[k])] for k, v in self.operands.items()}
+        return self.term.stacked_loss(live, operands, {k: v[:len(live[k])] for k, v in self.present.items()})
+
+
+class StackedFeatureTerm:
+    """One hook position's feature terms of every client: the frozen anchors stacked per row once a round, their
+    representations computed per step without gradient, the term on every row's batch at once."""
+
+    def __init__(self, round_: Round, position: int) -> None:
+        self.terms = [plan.features[position] for plan in round_.plans]
+        self.term = self.terms[0]
+        if any(t.scale != self.term.scale for t in self.terms):
+            raise Unbatchable("clients of the round weigh a feature term differently")
+        self.prefix = f"{self.term.module}."
+        self.module = round_.template.get_submodule(self.term.module)
+        self.eval_backbone = copy.deepcopy(round_.template.backbone).eval()
+        self.rows = None if round_.one_row_each else round_.row_clients
+        self.per_row_tasks = torch.tensor([len(row.tasks) for row in round_.rows])
+        self.round = round_
+        initial = {**dict(round_.template.named_parameters()), **dict(round_.template.named_buffers())}
+        count = {len(t.anchors) for t in self.terms}
+        if len(count) > 1:
+            raise Unbatchable("clients of the round hold different numbers of anchor models")
+        self.anchors = [self._stacked([merged_state(initial, *t.anchors[i]) for t in self.terms])
+                        for i in range(count.pop())]
+
+    def _stacked(self, states: list[dict[str, Tensor]]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """(backbone tensors, module parameters) of one anchor, stacked over rows, by module-relative name."""
+        backbone = {n[len(BACKBONE_PREFIX):]: torch.stack([s[n] for s in states]).detach()
+                    for n in states[0] if n.startswith(BACKBONE_PREFIX)}
+        module = {n[len(self.prefix):]: torch.stack([s[n] for s in states]).detach()
+                  for n in states[0] if n.startswith(self.prefix)}
+        if self.rows is not None:
+            rows = self.rows.to(next(iter(backbone.values())).device)
+            backbone = {n: v.index_select(0, rows) for n, v in backbone.items()}
+            module = {n: v.index_select(0, rows) for n, v in module.items()}
+        return backbone, module
+
+    def _represent(self, backbone: dict[str, Tensor], module: dict[str, Tensor], x: Tensor) -> Tensor:
+        return functional_call(self.module, module, (functional_call(self.eval_backbone, backbone, (x,)),))
+
+    def loss(self, live: Mapping[str, Tensor], features: Tensor, x: Tensor, weight: Tensor, layout: Step) -> Tensor:
+        """The term over the step's active rows (`layout`)."""
+        own = {n[len(self.prefix):]: live[n] if layout.row_clients is None else live[n].index_select(
+            0, layout.row_clients) for n in live if n.startswith(self.prefix)}
+        z = vmap(lambda params, f: functional_call(self.module, params, (f,)))(own, features)
+
+        def active(stacked: dict[str, Tensor]) -> dict[str, Tensor]:
+            return {n: v[:layout.clients] if layout.rows is None else v.index_select(0, layout.rows)
+                    for n, v in stacked.items()}
+
+        with torch.no_grad():
+            anchor_zs = [vmap(self._represent)(active(backbone), active(module), x)
+                         for backbone, module in self.anchors]
+        per_sample = vmap(self.term.per_sample)(z, anchor_zs)
+        tasks = self.per_row_tasks.to(per_sample.device, per_sample.dtype)
+        tasks = (tasks[:layout.clients] if layout.rows is None else tasks.index_select(0, layout.rows)).view(-1, 1)
+        return self.term.scale * (per_sample * weight * tasks).sum()
+
+
+def updated_states(round_: Round, leaves: Mapping[str, Tensor]) -> list[dict[str, Tensor]]:
+    """Each client's `StateUpdate` applied to its trained parameters, all clients' at once per leaf (views of the
+    results, by parameter name); empty dicts where the plans carry none."""
+    updates = [plan.update for plan in round_.plans]
+    if all(u is None for u in updates):
+        return [{} for _ in updates]
+    if any(u is None for u in updates) or len({u.function for u in updates}) > 1:
+        raise Unbatchable("clients of the round update their state differently")
+    state, _ = per_leaf(round_, [u.state for u in updates], leaves)
+    reference, _ = per_leaf(round_, [u.reference for u in updates], leaves)
+    function = updates[0].function
+    rows = {leaf: function(state[leaf], leaves[leaf], reference[leaf]).unbind(0) for leaf in state}
+    results = []
+    for client, update in enumerate(updates):
+        places = {name: round_.leaf_of(client, name) for name in update.state}
+        results.append({name: rows[leaf][row] for name, (leaf, row) in places.items()})
+    return results
+
+
+def stacked_terms(round_: Round, leaves: Mapping[str, Tensor]) -> list[StackedTerm]:
+    kinds = {tuple(type(t) for t in plan.terms) for plan in round_.plans}
+    if len(kinds) > 1:
+        raise Unbatchable("clients of the round have different training terms")
+    return [StackedTerm(round_, [plan.terms[position] for plan in round_.plans], leaves)
+            for position in range(len(round_.plans[0].terms))]
