@@ -2,17 +2,18 @@
 
 Every trainable backbone parameter and buffer is stacked over clients, (C, ...). A step runs one backbone pass per
 *row*: a client's mini-batch of one task, or of all its tasks at once when they label the same inputs (as the
-sequential trainer does). Rows run as one `vmap` of `functional_call`, each row with its client's parameters. Heads
-are grouped by structure, not by task name: every (client, task) pair whose head has the same shapes and loss kind
-is one row of a stacked head, so a federation in which every client holds its own task still takes one head call
-per structure. Batches are drawn from the very streams `Trainer.train` draws and padded to the batch size; each
-sample's weight (1/n on a row's n real samples, 0 on padding) makes a row's loss its batch mean, and BatchNorm
-normalizes each row over its real samples (`execution/norms.py`).
+sequential trainer does), each row with its client's parameters: the `mlp` and `cnn` backbones layer by layer
+(`execution/chains.py`), any other as one `vmap` of `functional_call`. Heads are grouped by structure, not by task
+name: every (client, task) pair whose head has the same shapes and loss kind is one row of a stacked head, so a
+federation in which every client holds its own task still takes one head call per structure. The round's layout
+(`execution/layout.py`) draws the batches from the very streams `Trainer.train` draws and pads them to the batch
+size; each sample's weight (1/n on a row's n real samples, 0 on padding) makes a row's loss its batch mean, and
+BatchNorm normalizes each row over its real samples (`execution/norms.py`).
 
 One backward pass of the sum over rows gives every client its own gradients, because the rows are independent; the
 optimizer then moves each row as its client's own optimizer would (`execution/steps.py`), gradients clipped per
-client. Clients with fewer steps are masked, not dropped, so every step has the same shapes. Losses are read once,
-at the end of the round.
+client. Clients are ordered by their steps, most first, so those still training at a step are a prefix of every
+stack, and the step trains that prefix only (views, no copies). Losses are read once, at the end of the round.
 
 The result equals sequential training up to float rounding (sums over a batch run in another order):
 `TOLERANCE` holds for float32 models (tests/test_batched.py measures it)."""
