@@ -69,14 +69,19 @@ GUARD = 100.0  # far above the spread of honest updates (clients with 100× the 
 Adjust = Callable[[int, list[Update]], list[Update]]
 
 
-class HostParams(Params):
-    per_task: bool = Field(default=False, description="train and upload one copy of the shared part per held task")
-    shared_head: bool = Field(
-        default=False, description="one-task clients over one label space share ONE head (one global model)"
-    )
+class GuardParams(Params):
+    """What every server that aggregates (reference, trained) updates takes: the divergence guard."""
+
     guard: float = Field(
         default=GUARD, ge=0, allow_inf_nan=False, description="divergence guard: refuse a reply whose update norm "
         "exceeds guard × the round's median (0: off; needs 3 replies)",
+    )
+
+
+class HostParams(GuardParams):
+    per_task: bool = Field(default=False, description="train and upload one copy of the shared part per held task")
+    shared_head: bool = Field(
+        default=False, description="one-task clients over one label space share ONE head (one global model)"
     )
 
 
@@ -391,7 +396,7 @@ class HostServer(HostModel, ServerProgram[HostParams]):
 
     def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
         """The divergence guard (`common/guard.py`): replies whose update is far beyond the round's median."""
-        factor = getattr(self.params, "guard", GUARD)  # servers built on the host with params of their own: pFedMe
+        factor = self.params.guard
         if factor <= 0:
             return {}
         norms = update_norms({c: self.sent.get(c, {}) for c in replies}, {c: r.tensors() for c, r in replies.items()})

@@ -30,17 +30,16 @@ from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Metri
 from manytask.methods.common.personal import check_shared_head, only_task, personal_model
 from manytask.methods.common.updates import Update
 from manytask.methods.common.wire import fit_scalars
-from manytask.methods.hosts.base import HostServer
+from manytask.methods.hosts.base import GuardParams, HostServer
 from manytask.methods.registry import PERSONALIZED, register_method
 from manytask.models.multitask import MultiTaskModel, to_role, to_task, trainable_state
-from manytask.registry import Params
 from manytask.search_space import Space, log_range
 from manytask.tasks.task import TaskSpec
 
 NAME = "pfedme"
 
 
-class PfedmeParams(Params):
+class PfedmeParams(GuardParams):
     """Defaults are the pFedMe paper's MNIST (non-convex DNN) settings, the closest to SFMTL-Graph's benchmarks."""
     # ranges for manytask tune: pFedMe sweeps λ over {15, 20, 30} and its personal rate
     SEARCH_SPACE: ClassVar[Space] = {"lam": log_range(1.0, 30.0), "personal_lr": log_range(0.01, 0.2)}
