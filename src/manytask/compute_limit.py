@@ -16,6 +16,7 @@ machinery:
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,8 +32,6 @@ CLIENTS, STEPS, BATCH = 20, 3, 32
 
 
 def source() -> str:
-    from pathlib import Path
-
     return "fashion-mnist" if (Path(DEFAULT_ROOT) / "train-images-idx3-ubyte.gz").exists() else "digits"
 
 

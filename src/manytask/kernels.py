@@ -20,7 +20,7 @@ from manytask.config import RunConfig, validate
 
 # ops that make the host wait for the device: a read of a value, or an output whose size depends on values
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim",
-                      "unique_consecutive", "item"})
+                      "unique_consecutive"})
 
 
 class KernelCounter(TorchDispatchMode):

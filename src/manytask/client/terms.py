@@ -7,6 +7,7 @@ same function over the rows of stacked parameters with `torch.func.vmap` (`stack
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 
 import torch
@@ -46,7 +47,7 @@ class ParameterTerm(TrainHook):
         return self.scale * total
 
 
-class FeatureTerm(TrainHook):
+class FeatureTerm(TrainHook, ABC):
     """A loss term on the backbone features of every batch a step trains on, against frozen models the client
     holds (MOON's model-contrastive term): scale · Σ over the step's batches of the batch mean of
     `per_sample(z, anchor_zs)`, with z = `module`(features) of the model being trained and anchor_zs[i] =
@@ -58,6 +59,6 @@ class FeatureTerm(TrainHook):
     anchors: list[list[Mapping[str, Tensor]]]
     scale: float
 
+    @abstractmethod
     def per_sample(self, z: Tensor, anchor_zs: list[Tensor]) -> Tensor:
         """The term of each sample of one batch, (batch,)."""
-        raise NotImplementedError

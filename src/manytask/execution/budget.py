@@ -55,7 +55,7 @@ def _activation_bytes(backbone: nn.Module, sample_shape: tuple[int, ...], dtype:
     finally:
         for handle in handles:
             handle.remove()
-    return total[0] // 2 * 2  # the hooks saw a batch of 2; output[0] is one sample's
+    return total[0]  # the hooks saw a batch of 2 and counted one sample's output each
 
 
 def client_bytes(plan: ClientPlan) -> int:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from manytask.client.trainer import TaskData, TrainConfig, Trainer, evaluate
 from manytask.devices import CPU
-from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
+from manytask.execution.plan import ClientPlan, Unbatchable
 from manytask.messages import Message
 from manytask.models.adapters import LoraParams, add_lora
 from manytask.models.multitask import MultiTaskModel, build_model, to_role, trainable_state
@@ -98,14 +98,10 @@ class ClientProgram(ABC, Generic[P]):
 
     def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
         """The client's round as a plan, which an executor may run batched with other clients' plans (`execution:
-        auto | vectorized`). Raises `Unbatchable`, before changing anything, where the program trains with a loop of
-        its own; the engine then calls `fit`."""
+        auto | vectorized`); a program that makes plans also defines `conclude(ctx, payload, plan, result)`, the
+        reply `fit` would have sent (`HostClient`). Raises `Unbatchable`, before changing anything, where the program
+        trains with a loop of its own (the default); the engine then calls `fit`."""
         raise Unbatchable(f"{type(self).__name__} trains with a loop of its own")
-
-    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan, result: PlanResult
-                 ) -> Message | None:
-        """What the client uploads after an executor ran its `plan` (as `fit` would have uploaded)."""
-        raise NotImplementedError(f"{type(self).__name__} makes no plans")
 
     def evaluate(self, ctx: ClientContext, payload: Message | None, test: TaskData) -> Metrics:
         """Client-side evaluation of the client's own model on the test sets of the tasks it holds."""

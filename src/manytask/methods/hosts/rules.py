@@ -8,6 +8,7 @@ side of such a host: mean update, rule, buffers averaged with FedAvg's weights."
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol
@@ -123,8 +124,9 @@ class RuleServer(HostServer):
         parameters = {k: v for k, v in self.global_state.items() if is_parameter(k, v)}
         self.parts.update(self.rule.init(parameters))
 
+    @abstractmethod
     def build_rule(self) -> ServerRule:
-        raise NotImplementedError(f"{type(self).__name__} names no server rule")
+        """The host's server rule, from its params."""
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
         """The global model and the rule's declared state; any other server state is an error, not a silent miss."""
