@@ -2,8 +2,6 @@
 within `TOLERANCE`: BatchNorm with each client's statistics, per-client gradient clipping, momentum, weight decay,
 AdamW, parameter terms, clients holding different tasks and different numbers of steps."""
 
-import itertools
-
 import pytest
 import torch
 
@@ -14,6 +12,7 @@ from manytask.methods.hosts.feddyn import LinearTermHook
 from manytask.methods.hosts.fedprox import ProximalHook
 from manytask.models.multitask import BUFFER_PREFIX, build_model
 from manytask.tasks.task import TaskKind, TaskSpec
+from tests.batched_support import before_norm
 
 SPECS = {"a": TaskSpec("a", TaskKind.CLASSIFICATION, 3), "b": TaskSpec("b", TaskKind.CLASSIFICATION, 4),
          "c": TaskSpec("c", TaskKind.CLASSIFICATION, 3), "r": TaskSpec("r", TaskKind.REGRESSION, 2)}
@@ -66,22 +65,9 @@ def _sequential(kind, trainer, plan, terms=None):
     return {**params, **{BUFFER_PREFIX + n: b for n, b in model.named_buffers()}}, report
 
 
-def _before_norm(model):
-    """Biases of the layers right before a BatchNorm, and that BatchNorm's running mean: the bias's gradient is zero
-    up to rounding, which Adam's normalization amplifies into steps of ±lr in either path, so they are not compared
-    under AdamW."""
-    names = set()
-    for prefix, module in model.named_modules():
-        children = list(module.named_children())
-        for (name, layer), (norm, following) in itertools.pairwise(children):
-            if isinstance(following, torch.nn.modules.batchnorm._BatchNorm) and layer.bias is not None:
-                names |= {f"{prefix}.{name}.bias", f"buffer/{prefix}.{norm}.running_mean"}
-    return names
-
-
 def _compare(kind, trainer, plans, terms=None, plain_chains=True):
     results = train_batched(plans, plain_chains)
-    noisy = _before_norm(_model(kind)) if trainer.config.optimizer == "adamw" else set()
+    noisy = before_norm(_model(kind)) if trainer.config.optimizer == "adamw" else set()
     for plan, result in zip(plans, results, strict=True):
         expected, report = _sequential(kind, trainer, plan, terms)
         assert result.report.steps == report.steps
@@ -111,7 +97,7 @@ def _compare(kind, trainer, plans, terms=None, plain_chains=True):
 def test_batched_training_gives_each_client_its_sequential_result(kind, train, plain_chains):
     trainer = Trainer(TrainConfig(**{"lr": 0.1, "batch_size": 8, **train}), SPECS)
     model = _model(kind)
-    # under AdamW, a one-sample batch's output reads the running mean, which follows the noise of `_before_norm`
+    # under AdamW, a one-sample batch's output reads the running mean, which follows the noise of `before_norm`
     clients = [c for c in CLIENTS if train.get("optimizer") != "adamw" or 1 not in {n % 8 for n in c[1].values()}]
     template = _model(kind)
     plans = [_plan(template, trainer, _data(seed, sizes, shared), _start(model, seed), seed)

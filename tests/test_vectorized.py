@@ -69,6 +69,32 @@ def test_batched_hosts_with_batch_norm_and_client_state_give_the_sequential_numb
         assert batched[label]["average"] == pytest.approx(sequential[label]["average"], abs=0.01), label
 
 
+DENSE_RUN = {  # encoder–decoders: a CNN encoder with BatchNorm, one FCN decoder per dense task, one task per client
+    **RUN, "name": "dense", "rounds": 2, "dropout": 0.0, "participation": 1.0,
+    "method": ["fedavg", {"name": "moon", "projection_dim": 8}, "fedbn",
+               {"name": "fedprox", "mu": 0.1, "label": "fedprox+dea", "plugin": {"name": "dea", "rho": 0.5}}],
+    "benchmark": {"name": "scenes", "tasks": "nyud-like", "size": 16, "train_per_task": 40, "test_size": 20,
+                  "styles": 2, "images": "disjoint"},
+    "federation": {"num_clients": 4, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
+    "model": {"backbone": "cnn", "channels": [4, 8], "norm": "batch", "decoder": {"width": 8}},
+    "train": {**RUN["train"], "batch_size": 8, "grad_clip": 1.0},
+}
+
+
+@pytest.mark.slow
+def test_batched_encoder_decoder_rounds_give_the_sequential_numbers(tmp_path, capsys):
+    sequential = run_config(validate({**DENSE_RUN, "execution": "sequential"}), tmp_path / "seq")
+    batched = run_config(validate(DENSE_RUN), tmp_path / "auto")
+    assert "one after another" not in capsys.readouterr().err
+    for label, summary in sequential.items():
+        for task, metrics in summary["tasks"].items():
+            assert batched[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), (label, task)
+        seq, bat = _rows(tmp_path / "seq" / label / "metrics.jsonl"), _rows(tmp_path / "auto" / label / "metrics.jsonl")
+        for a, b in zip(seq, bat, strict=True):
+            for key, loss in a["fit"].items():
+                assert b["fit"][key] == pytest.approx(loss, rel=1e-4), (label, key)
+
+
 @pytest.mark.slow
 def test_methods_that_cannot_vectorize_run_sequentially_with_one_notice(tmp_path, capsys):
     config = {**RUN, "method": ["gradnorm", {"name": "fedavg", "per_task": True}]}

@@ -5,10 +5,12 @@ Every trainable backbone parameter and buffer is stacked over clients, (C, ...).
 sequential trainer does), each row with its client's parameters: the `mlp` and `cnn` backbones layer by layer
 (`execution/chains.py`), any other as one `vmap` of `functional_call`. Heads are grouped by structure, not by task
 name: every (client, task) pair whose head has the same shapes and loss kind is one row of a stacked head, so a
-federation in which every client holds its own task still takes one head call per structure. The round's layout
-(`execution/layout.py`) draws the batches from the very streams `Trainer.train` draws and pads them to the batch
-size; each sample's weight (1/n on a row's n real samples, 0 on padding) makes a row's loss its batch mean, and
-BatchNorm normalizes each row over its real samples (`execution/norms.py`).
+federation in which every client holds its own task still takes one head call per structure. A vector head reads
+the backbone's features; a dense task's decoder reads the pass's feature pyramid (an encoder–decoder round). The
+round's layout (`execution/layout.py`) draws the batches from the very streams `Trainer.train` draws and pads them
+to the batch size; each sample's weight (1/n on a row's n real samples, 0 on padding) gives each kind's loss over a
+row's real samples (`execution/losses.py`), and BatchNorm normalizes each row over its real samples
+(`execution/norms.py`).
 
 One backward pass of the sum over rows gives every client its own gradients, because the rows are independent; the
 optimizer then moves each row as its client's own optimizer would (`execution/steps.py`), gradients clipped per
@@ -30,7 +32,6 @@ from manytask.client.trainer import Trainer, TrainReport
 from manytask.execution.chains import chain_forward
 from manytask.execution.layout import (
     INPUTS,
-    SAMPLE_LOSSES,
     Round,
     Step,
     group_targets,
@@ -38,19 +39,23 @@ from manytask.execution.layout import (
     row_inputs,
     step_layouts,
 )
+from manytask.execution.losses import RowLoss
 from manytask.execution.norms import MaskedBatchNorm, NormContext, Statistics, masked_copy
 from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
 from manytask.execution.stacked import StackedFeatureTerm, stacked_terms, updated_states
 from manytask.execution.steps import batched_optimizer, clip_per_client
+from manytask.models.decoders import Pyramid
 from manytask.models.multitask import BACKBONE_PREFIX, BUFFER_PREFIX
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # batched vs sequential trained parameters (float32)
 
 
-def check_trainer(trainer: Trainer, tasks: Sequence[str]) -> None:
-    dense = [t for t in tasks if trainer.specs[t].kind not in SAMPLE_LOSSES]
-    if dense:
-        raise Unbatchable(f"tasks {dense} have no per-sample loss (dense tasks)")
+def dense_round(trainer: Trainer, tasks: Sequence[str]) -> bool:
+    """Whether the round's heads are dense decoders (on the backbone's feature pyramid) rather than vector heads."""
+    dense = {trainer.specs[t].is_dense for t in tasks}
+    if len(dense) > 1:
+        raise Unbatchable("the round mixes dense tasks and vector tasks (two backbone passes a row)")
+    return dense.pop()
 
 
 def check_model(model: nn.Module) -> None:
@@ -99,11 +104,11 @@ def train_batched(plans: Sequence[ClientPlan], plain_chains: bool = True) -> lis
                                                                             total_rounds) for p in plans):
         raise Unbatchable("clients of the round train different models, optimizers or lr schedules")
     check_model(template)
-    check_trainer(trainer, list(dict.fromkeys(t for plan in plans for t in plan.data)))
+    dense = dense_round(trainer, list(dict.fromkeys(t for plan in plans for t in plan.data)))
     own_steps = [trainer.num_steps(plan.data) for plan in plans]
     order = sorted(range(len(plans)), key=lambda c: -own_steps[c])  # most steps first: the active are a prefix
     results = _train_ordered(template, trainer, [plans[c] for c in order], [own_steps[c] for c in order],
-                             round_index, total_rounds, plain_chains)
+                             round_index, total_rounds, plain_chains, dense)
     back = [0] * len(plans)
     for position, client in enumerate(order):
         back[client] = position
@@ -111,7 +116,7 @@ def train_batched(plans: Sequence[ClientPlan], plain_chains: bool = True) -> lis
 
 
 def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[ClientPlan], steps: list[int],
-                   round_index: int, total_rounds: int, plain_chains: bool) -> list[PlanResult]:
+                   round_index: int, total_rounds: int, plain_chains: bool, dense: bool) -> list[PlanResult]:
     round_ = Round(template, trainer, plans)
     leaves = round_.leaves()
     owners = round_.owners(leaves)
@@ -126,7 +131,9 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
     backbone = masked_copy(template.backbone, context)
     momenta = {m.name: m.momentum for m in backbone.modules() if isinstance(m, MaskedBatchNorm)}
     whole = all(p.requires_grad for p in template.backbone.parameters())  # frozen weights: not per row, so vmap
-    chain = chain_forward(template.backbone) if plain_chains and whole else None
+    chain = chain_forward(template.backbone) if plain_chains and whole and not dense else None
+    passed = Pyramid(backbone) if dense else backbone  # a dense round's pass gives the feature pyramid
+    prefix = Pyramid.PREFIX if dense else ""
     config = trainer.config
     optimizer = batched_optimizer(config, config.lr_at(round_index, total_rounds))
     names = list(leaves)
@@ -135,7 +142,8 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
 
     def backbone_row(params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, mask: Tensor):
         context.mask, context.stats = mask, {}
-        features = functional_call(backbone, (params, buffers), (x,))
+        features = functional_call(passed, ({prefix + n: p for n, p in params.items()},
+                                            {prefix + n: b for n, b in buffers.items()}), (x,))
         return features, dict(context.stats)
 
     for step, layout in enumerate(step_layouts(round_, steps, device)):
@@ -146,8 +154,11 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                                for part in (batches.index, batches.weight, batches.mask))
         x = inputs.index_select(0, index.flatten()).view(*index.shape, *inputs.shape[1:])
         rows_forward = vmap(backbone_row) if chain is None else chain
-        raw_features, stats, extra = _backbone_passes(rows_forward, live, leaves, running, x, mask, layout)
-        features = template.head_input(raw_features)
+        passes, stats, extra = _backbone_passes(rows_forward, live, leaves, running, x, mask, layout)
+        # what the heads read, and the feature vectors MOON contrasts (a dense model's pooled deepest level)
+        raw_features = passes[-1].mean(dim=(-2, -1)) if dense else passes
+        head_inputs = passes if dense else template.head_input(passes)
+        size = tuple(x.shape[-2:]) if dense else None
         losses = []
         for g, (group, (y, y_index)) in enumerate(zip(round_.groups, targets, strict=True)):
             count, positions = layout.pairs[g], layout.positions[g]
@@ -155,11 +166,11 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                 continue
             head = template.heads[group.task]
             params = {s: live[group.key(g, s)] for s, _ in head.named_parameters()}
-            row_features = features if positions is None else features.index_select(0, positions)
+            pair_inputs = head_inputs if positions is None else _rows(head_inputs, positions)
             row_weight = weight if positions is None else weight.index_select(0, positions)
             pair_index = y_index[step][:count]
             row_y = y.index_select(0, pair_index.flatten()).view(*pair_index.shape, *y.shape[1:])
-            losses.append(vmap(_head_loss(head, group.sample_loss))(params, row_features, row_y, row_weight))
+            losses.append(vmap(_head_loss(head, group.row_loss, size))(params, pair_inputs, row_y, row_weight))
         step_losses = losses[0] if len(losses) == 1 else torch.cat(losses)
         loss = step_losses.sum()
         for term in terms:
@@ -206,12 +217,24 @@ def _backbone_passes(forward: Callable, live: Mapping[str, Tensor], leaves: Mapp
                                mask[first:])
     joined = {layer: tuple(torch.cat([a, b]) for a, b in zip(stats[layer], more_stats[layer], strict=True))
               for layer in stats}
-    return torch.cat([features, more]), joined, extra
+    if isinstance(features, Tensor):
+        return torch.cat([features, more]), joined, extra
+    return [torch.cat([a, b]) for a, b in zip(features, more, strict=True)], joined, extra
 
 
-def _head_loss(head: nn.Module, sample_loss: Callable[[Tensor, Tensor], Tensor]):
-    def loss(params: dict[str, Tensor], features: Tensor, y: Tensor, weight: Tensor) -> Tensor:
-        return (sample_loss(functional_call(head, params, (features,)), y) * weight).sum()
+def _rows(passes: Tensor | list[Tensor], positions: Tensor) -> Tensor | list[Tensor]:
+    """Rows `positions` of a backbone pass's output (a feature tensor, or each level of a pyramid)."""
+    if isinstance(passes, Tensor):
+        return passes.index_select(0, positions)
+    return [level.index_select(0, positions) for level in passes]
+
+
+def _head_loss(head: nn.Module, row_loss: RowLoss, size: tuple[int, ...] | None):
+    """One pair's loss: its head on its row's features (a vector head), or on its row's pyramid decoded at the
+    input's `size` (a dense decoder)."""
+    def loss(params: dict[str, Tensor], inputs: Tensor | list[Tensor], y: Tensor, weight: Tensor) -> Tensor:
+        arguments = (inputs,) if size is None else (inputs, size)
+        return row_loss(functional_call(head, params, arguments), y, weight)
 
     return loss
 

@@ -4,8 +4,10 @@ of a CPU machine's RAM).
 
 Per client the estimate counts its stacked parameters and buffers six times (the stack, the start, gradients,
 optimizer state, clipping and the trained values handed back) and, per backbone pass, every layer's output for a
-batch three times (the forward value, what backward keeps, its gradient). It is an estimate made before training,
-from one forward pass of the template on one sample; it errs high rather than low."""
+batch three times (the forward value, what backward keeps, its gradient): the backbone's and the heads' of the
+pass's tasks (a dense task's decoder works at the input's resolution, often more than the encoder). It is an
+estimate made before training, from one forward pass of the template on one sample; it errs high rather than
+low."""
 
 from __future__ import annotations
 
@@ -35,23 +37,27 @@ def default_budget(device: torch.device) -> int:
     return ram // 4
 
 
-@lru_cache(maxsize=16)
-def _activation_bytes(backbone: nn.Module, sample_shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    """Bytes of every leaf module's output for one sample through `backbone`."""
+@lru_cache(maxsize=64)
+def _activation_bytes(model: nn.Module, tasks: tuple[str, ...], sample_shape: tuple[int, ...], dtype: torch.dtype
+                      ) -> int:
+    """Bytes of every leaf module's output for one sample through `model`'s backbone and `tasks`' heads (the
+    backbone alone for a model without `forward_many`)."""
     total = [0]
 
     def count(_module: nn.Module, _inputs: object, output: object) -> None:
         if isinstance(output, torch.Tensor):
             total[0] += output[0].numel() * output.element_size()
 
-    leaves = [m for m in backbone.modules() if not list(m.children())]
+    leaves = [m for m in model.modules() if not list(m.children())]
     handles = [m.register_forward_hook(count) for m in leaves]
+    many = getattr(model, "forward_many", None)
     try:
-        was_training = backbone.training
-        backbone.eval()
+        was_training = model.training
+        model.eval()
+        x = torch.zeros(2, *sample_shape, dtype=dtype, device=next(model.parameters()).device)
         with torch.no_grad():
-            backbone(torch.zeros(2, *sample_shape, dtype=dtype, device=next(backbone.parameters()).device))
-        backbone.train(was_training)
+            many(x, list(tasks)) if many is not None else model.backbone(x)
+        model.train(was_training)
     finally:
         for handle in handles:
             handle.remove()
@@ -62,10 +68,10 @@ def client_bytes(plan: ClientPlan) -> int:
     """The estimated bytes of one client in a batched round."""
     parameters = sum(t.numel() * t.element_size() for t in plan.start.values())
     x = next(iter(plan.data.values()))[0]
-    passes = 1 if shares_inputs(plan.data) else len(plan.data)
+    passes = [tuple(plan.data)] if shares_inputs(plan.data) else [(task,) for task in plan.data]
     batch = plan.trainer.config.batch_size
-    per_pass = _activation_bytes(plan.template.backbone, tuple(x.shape[1:]), x.dtype) * batch
-    return PARAMETER_COPIES * parameters + ACTIVATION_COPIES * passes * per_pass
+    activations = sum(_activation_bytes(plan.template, tasks, tuple(x.shape[1:]), x.dtype) for tasks in passes)
+    return PARAMETER_COPIES * parameters + ACTIVATION_COPIES * batch * activations
 
 
 def batches(plans: Sequence[ClientPlan], budget: int) -> list[list[int]]:

@@ -5,32 +5,18 @@ weights), and which rows and pairs are still training at each step (a prefix: cl
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from manytask.client.trainer import Trainer, index_batches, shares_inputs, stream_seed_request
+from manytask.execution.losses import ROW_LOSSES, RowLoss
 from manytask.execution.plan import ClientPlan, Unbatchable
 from manytask.models.multitask import BACKBONE_PREFIX, head_prefix, model_tensors, task_of_key
 from manytask.seeding import derive_seeds
-from manytask.tasks.task import TaskKind, TaskSpec
-
-
-def cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
-    return F.cross_entropy(outputs, targets, reduction="none")
-
-
-def squared_error(outputs: Tensor, targets: Tensor) -> Tensor:
-    return (outputs - targets.view_as(outputs)).pow(2).flatten(1).mean(1)
-
-
-# per-sample losses whose batch mean is `TaskSpec.loss`
-SAMPLE_LOSSES: dict[TaskKind, Callable[[Tensor, Tensor], Tensor]] = {
-    TaskKind.CLASSIFICATION: cross_entropy, TaskKind.REGRESSION: squared_error,
-}
+from manytask.tasks.task import TaskSpec
 
 
 @dataclass
@@ -48,7 +34,7 @@ class HeadGroup:
     """(client, task) pairs whose heads share one structure and loss: their head parameters stacked, (pairs, ...)."""
 
     task: str  # the task whose head module runs them all (any of the group's, they are alike)
-    sample_loss: Callable[[Tensor, Tensor], Tensor]
+    row_loss: RowLoss
     pairs: list[tuple[int, str, int]] = field(default_factory=list)  # (client, task, row)
 
     def key(self, index: int, suffix: str) -> str:
@@ -87,7 +73,7 @@ class Round:
             for task in row.tasks:
                 spec = trainer.specs[task]
                 signature = head_signature(template.heads[task], spec)
-                group = groups.setdefault(signature, HeadGroup(task, SAMPLE_LOSSES[spec.kind]))
+                group = groups.setdefault(signature, HeadGroup(task, ROW_LOSSES[spec.kind]))
                 group.pairs.append((row.client, task, r))
         self.groups = list(groups.values())
         for group in self.groups:  # by client: the clients still training at a step own a prefix of the pairs

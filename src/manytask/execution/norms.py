@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from manytask.execution.plan import Unbatchable
 from manytask.models.backbones import FeatureBatchNorm
+from manytask.models.resnet import SpatialBatchNorm
 
 Statistics = tuple[Tensor, Tensor, Tensor]  # (batch mean, unbiased batch variance, elements per channel)
 
@@ -27,11 +28,12 @@ class NormContext:
 
 class MaskedBatchNorm(nn.Module):
     """`nn.BatchNorm{1,2,3}d` in training mode over the real samples of one row; the same parameter and buffer
-    names, so the source module's state loads unchanged. A `FeatureBatchNorm` row of one sample is normalized with
-    the running statistics and moves none, as in the sequential trainer, with one difference: within a step, the
-    sequential trainer of a client whose tasks have inputs of their own runs one pass per task, and a later pass
-    moves the statistics that an earlier one-sample pass read (its backward then reads the moved ones) or that a
-    later one-sample pass reads. Here every pass of a step reads the statistics the step began with."""
+    names, so the source module's state loads unchanged. A `FeatureBatchNorm` row of one sample (a
+    `SpatialBatchNorm` row of one value per channel) is normalized with the running statistics and moves none, as
+    in the sequential trainer, with one difference: within a step, the sequential trainer of a client whose tasks
+    have inputs of their own runs one pass per task, and a later pass moves the statistics that an earlier
+    one-sample pass read (its backward then reads the moved ones) or that a later one-sample pass reads. Here every
+    pass of a step reads the statistics the step began with."""
 
     def __init__(self, source: nn.modules.batchnorm._BatchNorm, name: str, context: NormContext) -> None:
         super().__init__()
@@ -43,7 +45,7 @@ class MaskedBatchNorm(nn.Module):
         self.register_buffer("running_var", source.running_var)
         self.register_buffer("num_batches_tracked", source.num_batches_tracked)
         self.eps, self.momentum = source.eps, source.momentum
-        self.single_uses_running = isinstance(source, FeatureBatchNorm)
+        self.single_uses_running = isinstance(source, FeatureBatchNorm | SpatialBatchNorm)
         self.context = context
 
     def forward(self, x: Tensor) -> Tensor:

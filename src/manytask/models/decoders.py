@@ -35,6 +35,20 @@ def supports_dense(backbone: nn.Module) -> bool:
     return hasattr(backbone, "pyramid") and hasattr(backbone, "pyramid_channels")
 
 
+class Pyramid(nn.Module):
+    """An encoder's `pyramid` as a module's forward, for `functional_call` (its parameters: `PREFIX` + the
+    encoder's names)."""
+
+    PREFIX = "backbone."
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        return self.backbone.pyramid(x)
+
+
 class FCNDecoder(nn.Module):
     def __init__(self, in_channels: list[int], out_channels: int, params: DecoderParams) -> None:
         super().__init__()

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jvp
 
 from manytask.errors import ManytaskError
+from manytask.models.decoders import Pyramid
 from manytask.models.multitask import MultiTaskModel
 
 
@@ -31,13 +32,13 @@ class Linearized(nn.Module):
         return self._linearized(self.model.backbone, x)
 
     def pyramid(self, x: Tensor) -> list[Tensor]:
-        return self._linearized(_Pyramid(self.model.backbone), x)
+        return self._linearized(Pyramid(self.model.backbone), x)
 
     def _linearized(self, module: nn.Module, x: Tensor) -> Any:
         """f(x; θ0) + J f(x; θ0)·(θ − θ0) of `module` (the backbone, or a view of it), over the backbone's trainable
         parameters; works for any pytree of outputs (a feature vector, a list of maps)."""
         backbone = self.model.backbone
-        prefix = "" if module is backbone else _Pyramid.PREFIX
+        prefix = "" if module is backbone else Pyramid.PREFIX
         current = dict(backbone.named_parameters())
         frozen = {prefix + n: p for n, p in current.items() if n not in self.start}
         frozen.update({prefix + n: b for n, b in backbone.named_buffers()})
@@ -59,16 +60,3 @@ class Linearized(nn.Module):
             return self.model.decode(task, self.pyramid(x), x)
         features = self.features(x)
         return self.model.heads[task](features), features
-
-
-class _Pyramid(nn.Module):
-    """The backbone's `pyramid` as a module's forward, for `functional_call`."""
-
-    PREFIX = "backbone."
-
-    def __init__(self, backbone: nn.Module) -> None:
-        super().__init__()
-        self.backbone = backbone
-
-    def forward(self, x: Tensor) -> list[Tensor]:
-        return self.backbone.pyramid(x)
