@@ -3,7 +3,8 @@
 
 A federated round of small clients is bound by launches, not arithmetic, so the count that matters is how it grows
 with the clients of a round: `manytask bench --kernels` prints the ratio of a round of 32 clients to a round of 4
-for the hosts of `KERNEL_HOSTS`, on a one-task-per-client federation and on a multi-task one. A round is counted
+for the hosts of `KERNEL_HOSTS`, on a one-task-per-client federation, on a multi-task one and on an encoder–decoder
+one (dense tasks, one FCN decoder each). A round is counted
 as a 2-round run minus a 1-round run, with no evaluation in either, the engine's whole round included: payloads,
 training, replies, screening, aggregation and the checkpoint."""
 
@@ -62,20 +63,31 @@ KERNEL_HOSTS: dict[str, tuple[dict[str, Any], list[dict[str, Any]] | None]] = {
     "fedper": ({"name": "fedper"}, None),
     "fedadam": ({"name": "fedadam"}, None),
 }
-FEDERATIONS = {"one-task": {"kind": "one-per-client"}, "multi-task": {"kind": "dirichlet", "zeta": 0.5}}
+DIGITS = {"benchmark": {"name": "digits-tasks", "tasks": ["digit", "parity", "rotated", "mod3"]},
+          "model": {"backbone": "cnn", "channels": [8, 16], "hidden": 32, "norm": "batch"}}
+FEDERATIONS: dict[str, Callable[[int], dict[str, Any]]] = {  # the workload's parts, by the clients of a round
+    "one-task": lambda clients: {**DIGITS, "federation": {"num_clients": clients, "tasks": {"kind": "one-per-client"},
+                                                          "samples": {"kind": "iid"}}},
+    "multi-task": lambda clients: {**DIGITS, "federation": {
+        "num_clients": clients, "tasks": {"kind": "dirichlet", "zeta": 0.5}, "samples": {"kind": "iid"}}},
+    "dense": lambda clients: {  # nyud-like scenes, one task per client: the encoder and one decoder each
+        "benchmark": {"name": "scenes", "tasks": "nyud-like", "size": 16, "train_per_task": 8 * clients,
+                      "test_size": 8, "styles": 2, "images": "disjoint"},
+        "federation": {"num_clients": clients, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
+        "model": {"backbone": "cnn", "channels": [8, 16], "norm": "batch", "decoder": {"width": 8}}},
+}
 
 
 def kernel_config(method: dict[str, Any], plugins: list[dict[str, Any]] | None, clients: int, federation: str,
                   execution: str = "auto") -> RunConfig:
-    """The kernel workload: digits-tasks (4 tasks), the small CNN with BatchNorm, gradient clipping, 4 local steps
-    of batch 32, every client sampled, no evaluation in the rounds counted."""
+    """The kernel workload: digits-tasks (4 tasks) and the small CNN with BatchNorm, or the nyud-like scenes and
+    its encoder–decoder (`dense`); gradient clipping, 4 local steps of batch 32 (8 for the 16×16 scenes), every
+    client sampled, no evaluation in the rounds counted."""
     return validate({
         "name": f"kernels-{method['name']}-{clients}", "method": method, "rounds": 10, "seed": 0,
-        "benchmark": {"name": "digits-tasks", "tasks": ["digit", "parity", "rotated", "mod3"]},
-        "federation": {"num_clients": clients, "tasks": FEDERATIONS[federation], "samples": {"kind": "iid"}},
-        "model": {"backbone": "cnn", "channels": [8, 16], "hidden": 32, "norm": "batch"},
-        "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_steps": 4, "batch_size": 32,
-                  "grad_clip": 1.0},
+        **FEDERATIONS[federation](clients),
+        "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_steps": 4,
+                  "batch_size": 8 if federation == "dense" else 32, "grad_clip": 1.0},
         "plugins": plugins, "eval_every": 10, "reference": None, "execution": execution,
     })
 

@@ -28,15 +28,33 @@ def _rows(per_row: Tensor, like: Tensor) -> Tensor:
 
 def clip_per_client(grads: list[Tensor], clients: Sequence[Tensor | None], count: int, max_norm: float) -> list[Tensor]:
     """Every client's gradients scaled, in place, by min(1, max_norm / (‖g_client‖ + 1e-6)), its norm taken over
-    all its rows of all leaves; `clients[i]` maps leaf i's rows to clients (None: row r is client r)."""
+    all its rows of all leaves; `clients[i]` maps leaf i's rows to clients (None: row r is client r). Leaves whose
+    rows belong to the same clients (the backbone's; one head group's) are normed together, as one concatenation:
+    a few kernels per group, not per leaf."""
     squares = torch.zeros(count, dtype=grads[0].dtype, device=grads[0].device)
-    for grad, owner in zip(grads, clients, strict=True):
-        per_row = torch.linalg.vector_norm(grad, dim=tuple(range(1, grad.dim()))).square()  # no copy of a strided grad
+    groups = _owner_groups(clients)
+    for owner, members in groups:
+        rows = grads[members[0]].shape[0]
+        if not rows:  # a head group none of whose pairs trains at this step
+            continue
+        flat = torch.cat([grads[i].reshape(rows, -1) for i in members], dim=1)
+        per_row = torch.linalg.vector_norm(flat, dim=1).square()
         squares = squares + per_row if owner is None else squares.index_add(0, owner, per_row)
     coef = (max_norm / (squares.sqrt() + CLIP_EPS)).clamp(max=1.0)
-    for grad, owner in zip(grads, clients, strict=True):  # in place: the gradients are this step's own
-        grad.mul_(_rows(coef if owner is None else coef.index_select(0, owner), grad))
+    for owner, members in groups:  # in place: the gradients are this step's own
+        own = coef if owner is None else coef.index_select(0, owner)
+        for i in members:
+            grads[i].mul_(_rows(own, grads[i]))
     return grads
+
+
+def _owner_groups(clients: Sequence[Tensor | None]) -> list[tuple[Tensor | None, list[int]]]:
+    """The leaves by the clients of their rows: views of one owner tensor (the same storage and length) are one."""
+    groups: dict[tuple[int, int] | None, tuple[Tensor | None, list[int]]] = {}
+    for i, owner in enumerate(clients):
+        key = None if owner is None else (owner.data_ptr(), owner.shape[0])
+        groups.setdefault(key, (owner, []))[1].append(i)
+    return list(groups.values())
 
 
 class BatchedSGD:
