@@ -21,8 +21,9 @@ from torch import Tensor
 
 from manytask.methods.base import MethodDef
 from manytask.methods.common.aggregation import Weight, weighted_average
-from manytask.methods.common.updates import Update, apply
-from manytask.methods.hosts.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
+from manytask.methods.common.updates import Update
+from manytask.methods.hosts.fedavg import FedAvgClient, FedAvgParams
+from manytask.methods.hosts.rules import Plain, RoundDelta, RuleServer
 from manytask.methods.registry import HOST, register_method
 
 
@@ -44,20 +45,22 @@ def normalized_step(
     return {k: (tau_eff[k] * d).to(d.dtype) for k, d in direction.items()}
 
 
-class FedNovaServer(FedAvgServer):
+class FedNovaServer(RuleServer):
+    """FedAvg's step (`rules.Plain`) on FedNova's normalized mean update."""
+
+    def build_rule(self) -> Plain:
+        return Plain()
+
     def normalizing_factor(self, update: Update) -> float:
         """a_n of the copy's local steps, from its public task sizes; a = τ for AdamW."""
         train = self.setup.train
         momentum = 0.0 if train.optimizer == "adamw" else train.momentum
         return normalizing_factor(self.setup.trainer().steps_for(update.sizes), momentum)
 
-    def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
-        step = normalized_step(
-            [u.deltas() for u in updates], [u.weights for u in updates], [self.normalizing_factor(u) for u in updates]
-        )
-        self.average_buffers(updates)
-        self.global_state.update(apply(self.global_state, step))
-        return {}
+    def round_summary(self, updates: list[Update]) -> RoundDelta:
+        deltas = [u.deltas() for u in updates]
+        step = normalized_step(deltas, [u.weights for u in updates], [self.normalizing_factor(u) for u in updates])
+        return RoundDelta(step, {k: sum(k in delta for delta in deltas) for k in step})
 
 
 register_method(

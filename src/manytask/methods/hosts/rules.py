@@ -2,9 +2,10 @@
 
 A rule is `init(θ) -> state` and `step(θ, state, round) -> (θ, state)`, over the parameters some update holds, with
 `round.mean` = Δ = Σ_n p_n (θ_n − θ_sent), the weighted mean update (FedAvg's weights), and `round.counts` the
-number of updates that hold each key. Its state is a fixed set of named tensor dicts (`state_names`), declared
-once: the server checkpoints it, and a checkpoint with any other name is an error. `RuleServer` is the whole server
-side of such a host: mean update, rule, buffers averaged with FedAvg's weights."""
+number of updates that hold each key (a host may summarize its round otherwise: FedNova's is normalized). Its state
+is a fixed set of named tensor dicts (`state_names`), declared once: the server checkpoints it, and a checkpoint
+with any other name is an error. `RuleServer` is the whole server side of such a host: round summary, rule, buffers
+averaged with FedAvg's weights."""
 
 from __future__ import annotations
 
@@ -42,6 +43,20 @@ class ServerRule(Protocol):
     def init(self, theta: Mapping[str, Tensor]) -> RuleState: ...
 
     def step(self, theta: Mapping[str, Tensor], state: RuleState, round: RoundDelta) -> tuple[Tensors, RuleState]: ...
+
+
+@dataclass(frozen=True)
+class Plain:
+    """θ ← θ + Δ, no state: FedAvg's step on the parameters, for hosts whose round summary is their rule (FedNova's
+    normalized mean update)."""
+
+    state_names: ClassVar[tuple[str, ...]] = ()
+
+    def init(self, theta: Mapping[str, Tensor]) -> RuleState:
+        return {}
+
+    def step(self, theta: Mapping[str, Tensor], state: RuleState, round: RoundDelta) -> tuple[Tensors, RuleState]:
+        return {k: theta[k] + d for k, d in round.mean.items()}, {}
 
 
 @dataclass(frozen=True)
@@ -137,8 +152,12 @@ class RuleServer(HostServer):
                              f"{', '.join(self.rule.state_names)}")
         super().load_state_dict(state)
 
+    def round_summary(self, updates: list[Update]) -> RoundDelta:
+        """What the rule steps on: the weighted mean update (FedNova's is normalized by each client's local work)."""
+        return round_delta([u.deltas() for u in updates], [u.weights for u in updates])
+
     def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
-        round = round_delta([u.deltas() for u in updates], [u.weights for u in updates])
+        round = self.round_summary(updates)
         state = {name: {k: self.parts[name][k] for k in round.mean} for name in self.rule.state_names}
         theta, state = self.rule.step(self.global_state, state, round)
         self.average_buffers(updates)
