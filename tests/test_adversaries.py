@@ -14,6 +14,7 @@ from manytask.engine.loop import FitOutcome, RoundLoop
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
 from manytask.messages import Message, MessageError, decode, encode
+from manytask.methods.common import aggregation
 from manytask.methods.common.guard import far_beyond_median, update_norms
 from manytask.rundir import RunDir
 from tests.conftest import small_config_dict
@@ -89,12 +90,17 @@ def test_bad_adversary_settings_are_refused_before_anything_runs(adversaries):
         validate(small_config_dict(adversaries=adversaries))
 
 
-def test_the_guard_refuses_updates_far_beyond_the_median():
+@pytest.mark.parametrize("block_bytes", [None, 8])  # the replies' arrays stacked at once, or two at a time
+def test_the_guard_refuses_updates_far_beyond_the_median(monkeypatch, block_bytes):
+    if block_bytes is not None:
+        monkeypatch.setattr(aggregation, "SUM_BLOCK_BYTES", block_bytes)
     sent = {"w": torch.zeros(2), "b": torch.ones(1)}
     replies = {0: {"w": torch.tensor([3.0, 4.0]), "n": torch.tensor([7])},  # an integer array is no parameter
                1: {"w": torch.tensor([1.0, 0.0]), "b": torch.tensor([2.0])},
-               2: {"copy/x/w": torch.tensor([0.0, 1.0]), "copy/y/w": torch.tensor([6.0, 8.0])}}  # the larger copy
-    assert update_norms(dict.fromkeys(replies, sent), replies) == {0: 5.0, 1: 2 ** 0.5, 2: 10.0}
+               2: {"copy/x/w": torch.tensor([0.0, 1.0]), "copy/y/w": torch.tensor([6.0, 8.0])},  # the larger copy
+               3: {"w": torch.tensor([0.0, 2.0])}}
+    assert update_norms(dict.fromkeys(replies, sent), replies) == {0: 5.0, 1: 2 ** 0.5, 2: 10.0, 3: 2.0}
+    assert torch.equal(sent["w"], torch.zeros(2))  # the reference is subtracted from a copy
     norms = {0: 1.0, 1: 2.0, 2: 3.0, 3: 251.0}  # median 2.5: 3 is above 100×, by 1
     assert list(far_beyond_median(norms, 100.0)) == [3]
     assert far_beyond_median(norms, 0) == {} and far_beyond_median({0: 1.0, 1: 1e9}, 100.0) == {}

@@ -104,8 +104,9 @@ def encode(message: Message) -> bytes:
     layout, payloads = [], []
     for name, array in message.arrays.items():
         dtype = _dtype_name(array.dtype)
-        raw = np.packbits(array.reshape(-1)).tobytes() if dtype == "bool" else array.tobytes()
-        layout.append((name, dtype, array.shape, len(raw)))
+        # a byte view of the (contiguous) array: the join below is its only copy
+        raw = np.packbits(array.reshape(-1)) if dtype == "bool" else array.reshape(-1).view(np.uint8)
+        layout.append((name, dtype, array.shape, raw.nbytes))
         payloads.append(raw)
     # `_HEADER.encode({"arrays": entries, "scalars": scalars})`, byte for byte, its arrays' part written once per layout
     header = b"".join([_OPEN, _arrays_json(tuple(layout)), _JOIN[1:], _HEADER.encode(message.scalars).encode(), b"}"])

@@ -29,16 +29,15 @@ def _rows(per_row: Tensor, like: Tensor) -> Tensor:
 def clip_per_client(grads: list[Tensor], clients: Sequence[Tensor | None], count: int, max_norm: float) -> list[Tensor]:
     """Every client's gradients scaled, in place, by min(1, max_norm / (‖g_client‖ + 1e-6)), its norm taken over
     all its rows of all leaves; `clients[i]` maps leaf i's rows to clients (None: row r is client r). Leaves whose
-    rows belong to the same clients (the backbone's; one head group's) are normed together, as one concatenation:
-    a few kernels per group, not per leaf."""
+    rows belong to the same clients (the backbone's; one head group's) are summed and scaled together: one norm per
+    leaf (no copy of a gradient), a few ops per group."""
     squares = torch.zeros(count, dtype=grads[0].dtype, device=grads[0].device)
     groups = _owner_groups(clients)
     for owner, members in groups:
-        rows = grads[members[0]].shape[0]
-        if not rows:  # a head group none of whose pairs trains at this step
+        if not grads[members[0]].shape[0]:  # a head group none of whose pairs trains at this step
             continue
-        flat = torch.cat([grads[i].reshape(rows, -1) for i in members], dim=1)
-        per_row = torch.linalg.vector_norm(flat, dim=1).square()
+        norms = torch.stack([_row_norms(grads[i]) for i in members])
+        per_row = norms.square().sum(0)
         squares = squares + per_row if owner is None else squares.index_add(0, owner, per_row)
     coef = (max_norm / (squares.sqrt() + CLIP_EPS)).clamp(max=1.0)
     for owner, members in groups:  # in place: the gradients are this step's own
@@ -46,6 +45,11 @@ def clip_per_client(grads: list[Tensor], clients: Sequence[Tensor | None], count
         for i in members:
             grads[i].mul_(_rows(own, grads[i]))
     return grads
+
+
+def _row_norms(grad: Tensor) -> Tensor:
+    """‖row‖₂ of every row of a stacked gradient, without copying a strided one."""
+    return torch.linalg.vector_norm(grad, dim=tuple(range(1, grad.dim()))) if grad.dim() > 1 else grad.abs()
 
 
 def _owner_groups(clients: Sequence[Tensor | None]) -> list[tuple[Tensor | None, list[int]]]:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from manytask.methods.common.aggregation import row_blocks
 from manytask.methods.common.updates import copy_groups, is_parameter, reference_key
 
 MIN_REPLIES = 3
@@ -42,13 +43,22 @@ def update_norms(sent: Mapping[int, Mapping[str, Tensor]], replies: Mapping[int,
                     group[2].append((client, copy))
     squares: dict[tuple[int, str | None], float] = {}
     for reference, arrays, owners in groups.values():
-        distances = torch.linalg.vector_norm((torch.stack(arrays) - reference).reshape(len(arrays), -1), dim=1)
-        for owner, distance in zip(owners, distances.double().square().tolist(), strict=True):
+        for owner, distance in zip(owners, _distances(reference, arrays).double().square().tolist(), strict=True):
             squares[owner] = squares.get(owner, 0.0) + distance
     norms = dict.fromkeys(replies, 0.0)
     for (client, _), square in squares.items():
         norms[client] = max(norms[client], math.sqrt(square))
     return norms
+
+
+def _distances(reference: Tensor, arrays: list[Tensor]) -> Tensor:
+    """‖array − reference‖₂ of each array: stacked in blocks (`row_blocks`), the reference subtracted in place."""
+    distances = []
+    for rows in row_blocks(len(arrays), reference.numel() * reference.element_size()):
+        block = torch.stack(arrays[rows])
+        block.sub_(reference)
+        distances.append(torch.linalg.vector_norm(block.reshape(len(block), -1), dim=1))
+    return distances[0] if len(distances) == 1 else torch.cat(distances)
 
 
 def _memory(tensor: Tensor) -> tuple:
