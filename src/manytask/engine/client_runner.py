@@ -9,6 +9,7 @@ import sys
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -22,6 +23,7 @@ from manytask.execution.plan import Unbatchable
 from manytask.experiment import Experiment
 from manytask.messages import Message, decode, encode
 from manytask.methods.base import ClientContext, Metrics
+from manytask.methods.client_state import StateSchema
 from manytask.seeding import derive_seed, derive_seeds, seed_global_rng
 
 ClientState = dict[str, Tensor]
@@ -54,7 +56,7 @@ class ClientRunner:
         received = _decoded(payload)
         reply = self.program.fit(ctx, received)
         seconds = time.perf_counter() - began
-        state.update(on_device(state, CPU))  # client state is kept (and checkpointed) on the CPU
+        self._keep(state)
         return self._upload(client, round_index, received, reply), seconds
 
     def fit_many(
@@ -83,7 +85,7 @@ class ClientRunner:
                    for ctx, payload, plan, result in zip(ctxs, received, plans, results, strict=True)]
         seconds = (time.perf_counter() - began) / len(clients)
         for client in clients:
-            states[client].update(on_device(states[client], CPU))
+            self._keep(states[client])
         return {c: (self._upload(c, round_index, p, r), seconds)
                 for c, p, r in zip(clients, received, replies, strict=True)}
 
@@ -116,8 +118,22 @@ class ClientRunner:
         ctx = self._context(client, self.exp.total_rounds, state, derive_seed(self.exp.config.seed, "eval", client))
         test = self._on_device(self.exp.test_data(self.exp.federation.tasks_of(client)) if test is None else test)
         metrics = self.program.evaluate(ctx, _decoded(payload), test)
-        state.update(on_device(state, CPU))
+        self._keep(state)
         return metrics
+
+    @cached_property
+    def schema(self) -> StateSchema:
+        return self.program.state_schema()
+
+    def check_states(self, states: Mapping[int, ClientState]) -> None:
+        """`UnknownState` where a client's state holds a key the program does not declare (a checkpoint's)."""
+        for state in states.values():
+            self.schema.check(state)
+
+    def _keep(self, state: ClientState) -> None:
+        """After a call: the state checked against the program's schema and kept (and checkpointed) on the CPU."""
+        self.schema.check(state)
+        state.update(on_device(state, CPU))
 
     def _context(self, client: int, round_index: int, state: ClientState, seed: int) -> ClientContext:
         seed_global_rng(seed)  # programs that draw from torch's global RNG stay reproducible too
@@ -127,6 +143,7 @@ class ClientRunner:
         self._data[client] = data  # most recent last
         if len(self._data) > CACHED_CLIENTS:
             self._data.pop(next(iter(self._data)))
+        self.schema.check(state)
         state.update(on_device(state, self.device))
         return ClientContext(client, round_index, self._on_device(data), state, seed)
 

@@ -41,6 +41,7 @@ class InProcessTransport:
         return self.states
 
     def restore_client_states(self, states: dict[int, ClientState]) -> None:
+        self.runner.check_states(states)
         self.states = states
 
 

@@ -65,6 +65,7 @@ class ProcessPoolTransport:
                                         initargs=(config,))
         self.states: dict[int, ClientState] = {}
         self.work = {c: sum(tasks.values()) for c, tasks in experiment.federation.sizes().items()}
+        self.experiment = experiment
 
     def fit(self, round_index: int, payloads: Payloads, simulated_drops: set[int]) -> FitOutcome:
         outcome = FitOutcome()
@@ -89,6 +90,11 @@ class ProcessPoolTransport:
         return self.states
 
     def restore_client_states(self, states: dict[int, ClientState]) -> None:
+        """The checkpoint's client states, checked here against the program's schema (the workers check them too,
+        at every call) so that a state of another method stops the run before any round."""
+        schema = self.experiment.client_program().state_schema()
+        for state in states.values():
+            schema.check(state)
         self.states = states
 
     def __enter__(self) -> ProcessPoolTransport:

@@ -20,6 +20,7 @@ from manytask.client.trainer import TaskData, TrainConfig, Trainer, evaluate
 from manytask.devices import CPU
 from manytask.execution.plan import ClientPlan, Unbatchable
 from manytask.messages import Message
+from manytask.methods.client_state import StateSchema
 from manytask.models.adapters import LoraParams, add_lora
 from manytask.models.multitask import MultiTaskModel, build_model, to_role, trainable_state
 from manytask.pretrain import load_backbone_weights
@@ -102,6 +103,11 @@ class ClientProgram(ABC, Generic[P]):
         reply `fit` would have sent (`HostClient`). Raises `Unbatchable`, before changing anything, where the program
         trains with a loop of its own (the default); the engine then calls `fit`."""
         raise Unbatchable(f"{type(self).__name__} trains with a loop of its own")
+
+    def state_schema(self) -> StateSchema:
+        """What this program keeps in a client's state (`methods/client_state.py`); nothing by default. The engine
+        refuses any other key."""
+        return StateSchema(type(self).__name__)
 
     def evaluate(self, ctx: ClientContext, payload: Message | None, test: TaskData) -> Metrics:
         """Client-side evaluation of the client's own model on the test sets of the tasks it holds."""

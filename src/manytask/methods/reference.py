@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, ServerProgram
+from manytask.methods.client_state import StateSchema, model_part
 from manytask.methods.registry import REFERENCE, register_method
 from manytask.models.multitask import MultiTaskModel, load_state, trainable_state
 
@@ -21,6 +22,9 @@ class PrivateModelClient(ClientProgram):
         self.setup.trainer().train(model, ctx.data, ctx.seed, ctx.round_index, self.setup.rounds)
         ctx.state.clear()
         ctx.state.update(trainable_state(model, ctx.data.keys()))
+
+    def state_schema(self) -> StateSchema:
+        return StateSchema(type(self).__name__, {"own model": model_part(self.setup.build_model())})
 
     def model_for_evaluation(self, ctx: ClientContext, payload: Message | None) -> MultiTaskModel:
         return self.restore(ctx)

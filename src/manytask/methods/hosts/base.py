@@ -36,6 +36,7 @@ from manytask.errors import clipped
 from manytask.execution.plan import ClientPlan, PlanResult, StateUpdate, Unbatchable
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
+from manytask.methods.client_state import StatePart, StateSchema
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
 from manytask.methods.common.guard import far_beyond_median, update_norms
 from manytask.methods.common.personal import check_shared_head
@@ -168,6 +169,19 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         """Of the trained copy's `trainable_state` keys, those kept in client state besides being uploaded, and the
         prefix they are kept under (MOON's previous model); none by default."""
         return "", []
+
+    def state_schema(self) -> StateSchema:
+        """Per copy (its `state_prefix`: none, or `<task>/` with `per_task`), its local parameters and what the
+        host's objective keeps (`state_parts`)."""
+        keys = state_keys(self.template[0])
+        copies = tuple(f"{t}/" for t in self.setup.specs) if self.params.per_task else ("",)
+        parts = {"local parameters": StatePart.of(self.local_keys(keys), copies), **self.state_parts(copies, keys)}
+        return StateSchema(type(self).__name__, parts)
+
+    def state_parts(self, copies: tuple[str, ...], keys: list[str]) -> dict[str, StatePart]:
+        """What the host's objective keeps per copy besides local parameters, at the copies' prefixes `copies`,
+        of a model whose `state_keys` are `keys` (nothing for FedAvg)."""
+        return {}
 
     def keep_state(self, ctx: ClientContext, copy: TrainedCopy, update: StateUpdate, new: Mapping[str, Tensor]
                    ) -> None:

@@ -27,13 +27,14 @@ from manytask.client.terms import ParameterTerm
 from manytask.client.trainer import TrainHook
 from manytask.execution.plan import StateUpdate
 from manytask.methods.base import ClientContext, MethodDef
+from manytask.methods.client_state import StatePart
 from manytask.methods.common.aggregation import Weight
 from manytask.methods.common.updates import is_parameter
 from manytask.methods.hosts.base import HostClient, HostParams, TrainedCopy
 from manytask.methods.hosts.fedprox import ProximalHook
 from manytask.methods.hosts.rules import Dynamic, RuleServer, round_delta
 from manytask.methods.registry import HOST, register_method
-from manytask.models.multitask import state_keys, task_of_key
+from manytask.models.multitask import is_buffer, state_keys, task_of_key
 from manytask.search_space import Space, log_range
 
 GRADIENT_PREFIX = "feddyn_g/"  # client state: g_n per parameter
@@ -108,6 +109,10 @@ class FedDynClient(HostClient):
         params = dict(copy.model.named_parameters())
         return [ProximalHook(params, self.regularized(copy), self.params.alpha),
                 LinearTermHook(params, self.gradients(ctx, copy))]
+
+    def state_parts(self, copies: tuple[str, ...], keys: list[str]) -> dict[str, StatePart]:
+        return {"gradient g": StatePart.of([k for k in keys if not is_buffer(k)],
+                                           [c + GRADIENT_PREFIX for c in copies])}
 
     @cached_property
     def step(self) -> Callable[[Tensor, Tensor, Tensor], Tensor]:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from manytask.client.trainer import TaskData
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, MethodDef, Setup
+from manytask.methods.client_state import StatePart
 from manytask.methods.common.aggregation import fedavg_weights
 from manytask.methods.hosts.base import Adjust, HostClient, HostParams, HostServer, TrainedCopy
 from manytask.methods.registry import HOST, register_method
@@ -88,6 +89,9 @@ class FedGaClient(HostClient):
         ctx.state[copy.state_prefix + OWN_LOSS] = torch.tensor(summed_loss(copy.module, self.setup.specs, data),
                                                                dtype=torch.float64)
         return {}
+
+    def state_parts(self, copies: tuple[str, ...], keys: list[str]) -> dict[str, StatePart]:
+        return {"own loss": StatePart.of([OWN_LOSS], copies)}
 
     def previous_loss(self, ctx: ClientContext) -> float | None:
         """Mean per-sample loss of the client's models of its previous round (None before its first)."""

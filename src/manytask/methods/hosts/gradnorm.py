@@ -20,6 +20,7 @@ from torch import Tensor
 from manytask.client.trainer import LossCombiner, StepContext
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, MethodDef, Setup
+from manytask.methods.client_state import StatePart
 from manytask.methods.common.updates import Update
 from manytask.methods.hosts.base import TrainedCopy
 from manytask.methods.hosts.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
@@ -84,6 +85,9 @@ class GradNormClient(FedAvgClient):
         weights = torch.tensor([self.sent_weights.get(t, 1.0) for t in copy.tasks])
         self.combiner = GradNormCombiner(weights, ctx.state.get(INITIAL_LOSSES), self.params)
         return self.combiner
+
+    def state_parts(self, copies: tuple[str, ...], keys: list[str]) -> dict[str, StatePart]:
+        return {"initial losses": StatePart.of([INITIAL_LOSSES])}
 
     def finish(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, float]:
         if self.combiner.initial is not None:

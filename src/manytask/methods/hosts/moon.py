@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from manytask.client.terms import FeatureTerm
 from manytask.client.trainer import StepContext, TrainHook
 from manytask.methods.base import ClientContext, MethodDef
+from manytask.methods.client_state import StatePart
 from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer, TrainedCopy
 from manytask.methods.registry import HOST, register_method
 from manytask.models.multitask import MultiTaskModel, load_state, task_of_key
@@ -137,7 +138,14 @@ class MoonClient(MoonModel, HostClient):
 
     def kept(self, copy: TrainedCopy, keys: Sequence[str]) -> tuple[str, list[str]]:
         """The trained model's shared part (backbone, projection, their buffers): the next round's z_prev."""
-        return PREVIOUS, [k for k in keys if task_of_key(k) is None]
+        return PREVIOUS, shared_keys(keys)
+
+    def state_parts(self, copies: tuple[str, ...], keys: list[str]) -> dict[str, StatePart]:
+        return {"previous model": StatePart.of(shared_keys(keys), [c + PREVIOUS for c in copies])}
+
+
+def shared_keys(keys: Sequence[str]) -> list[str]:
+    return [k for k in keys if task_of_key(k) is None]
 
 
 class MoonServer(MoonModel, HostServer):

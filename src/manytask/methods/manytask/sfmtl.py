@@ -22,6 +22,7 @@ from manytask.client.trainer import StepContext, TrainHook
 from manytask.errors import ManytaskError
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
+from manytask.methods.client_state import StatePart, StateSchema, model_part
 from manytask.methods.common.laplacian import laplacian_step
 from manytask.methods.common.personal import PerClientPayloadServer, graph_steps, only_task, personal_model
 from manytask.methods.common.wire import (
@@ -115,6 +116,10 @@ class SfmtlClient(ClientProgram):
         head = {k: v for k, v in trainable_state(model, [task]).items() if k.startswith(head_prefix(task))}
         scalars = {SIZE_PREFIX + task: len(ctx.data[task][1]), LOSS_PREFIX + task: report.mean_loss[task]}
         return Message.from_tensors({**head, ANCHORS: hook.anchors, LABELS: labels}, scalars=scalars)
+
+    def state_schema(self) -> StateSchema:
+        return StateSchema(type(self).__name__, {"own model": model_part(self.setup.build_model()),
+                                                 "anchors": StatePart.of([ANCHORS])})
 
     def model_for_evaluation(self, ctx: ClientContext, payload: Message | None) -> MultiTaskModel:
         """The client's own backbone and head (the shared initial model before its first round), with the head

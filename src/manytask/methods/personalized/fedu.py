@@ -23,6 +23,7 @@ from torch import Tensor
 
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
+from manytask.methods.client_state import StateSchema, model_part
 from manytask.methods.common.laplacian import laplacian_step
 from manytask.methods.common.personal import (
     PerClientPayloadServer,
@@ -72,6 +73,9 @@ class FeduClient(ClientProgram):
         ctx.state.clear()
         ctx.state.update(trainable_state(model, [task]))
         return Message.from_tensors(to_role(ctx.state, task), scalars=fit_scalars(ctx.data, report.mean_loss))
+
+    def state_schema(self) -> StateSchema:
+        return StateSchema(type(self).__name__, {"own model": model_part(self.setup.build_model())})
 
     def model_for_evaluation(self, ctx: ClientContext, payload: Message | None) -> MultiTaskModel:
         """The client's own model: the model the server last updated for it when it sent one, else its state

@@ -27,6 +27,7 @@ from manytask.client.trainer import TaskData, shuffled_batches
 from manytask.devices import on_device
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Metrics, Setup
+from manytask.methods.client_state import StateSchema, model_part
 from manytask.methods.common.personal import check_shared_head, only_task, personal_model
 from manytask.methods.common.updates import Update
 from manytask.methods.common.wire import fit_scalars
@@ -111,6 +112,9 @@ class PfedmeClient(ClientProgram):
         ctx.state.clear()
         ctx.state.update(trainable_state(model, [task]))  # θ
         return Message.from_tensors(to_role(local, task), scalars=fit_scalars(ctx.data, {task: loss}))
+
+    def state_schema(self) -> StateSchema:
+        return StateSchema(type(self).__name__, {"own model": model_part(self.setup.build_model())})
 
     def _batches(self, data: TaskData, task: str, seed: int) -> Iterable[tuple[Tensor, Tensor]]:
         """The Trainer's seeded mini-batches and count, so pFedMe sees the same batches as FedAvg would."""

@@ -21,6 +21,7 @@ from manytask.errors import ManytaskError, clipped
 from manytask.execution.plan import ClientPlan, PlanResult
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
+from manytask.methods.client_state import StateSchema
 from manytask.methods.common.updates import Update
 from manytask.methods.hosts.base import HostServer
 from manytask.registry import Params
@@ -45,6 +46,9 @@ class PluginClient(ClientProgram[P], Generic[P]):
 
     def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
         return self.host.plan(ctx, payload)
+
+    def state_schema(self) -> StateSchema:
+        return self.host.state_schema()
 
     def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan, result: PlanResult
                  ) -> Message | None:

@@ -23,6 +23,7 @@ from manytask.client.optimizers import OptimizerFactory, sparse_sgdm
 from manytask.errors import ManytaskError, clipped
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, Setup
+from manytask.methods.client_state import StatePart
 from manytask.methods.common.phases import Phase, Phases, PhaseStep
 from manytask.methods.common.wire import counts_problem, fit_scalars
 from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer, TrainedCopy
@@ -141,6 +142,9 @@ class TalosClient(TalosModel, HostClient):
         if self.phase(ctx).name == HEAD_ONLY:
             return None
         return sparse_sgdm(self.trainable_mask(ctx, copy), self.setup.train.momentum, self.setup.train.weight_decay)
+
+    def state_parts(self, copies: tuple[str, ...], keys: list[str]) -> dict[str, StatePart]:
+        return {"mask": StatePart.of([MASK_STATE])}
 
     def trainable_mask(self, ctx: ClientContext, copy: TrainedCopy) -> Masks:
         """The entries this client moves: its own calibrated mask."""
