@@ -45,6 +45,21 @@ def test_vectorized_runs_give_the_sequential_numbers(tmp_path, capsys):
         assert vectorized[label]["average"] == pytest.approx(sequential[label]["average"], abs=0.01), label
 
 
+@pytest.mark.slow
+def test_every_plug_in_over_batched_clients_gives_the_sequential_numbers(tmp_path, capsys):
+    """The plug-ins that act on the server (PCGrad, FedHEAL, the robust aggregators) over batched clients; DEA's
+    client side is in the runs above."""
+    config = {**RUN, "method": "fedavg", "dropout": 0.0,
+              "plugins": ["pcgrad", "fedheal", "clip", "median", "trimmed-mean", "krum"]}
+    sequential = run_config(validate({**config, "execution": "sequential"}), tmp_path / "seq")
+    batched = run_config(validate(config), tmp_path / "auto")
+    assert "one after another" not in capsys.readouterr().err
+    assert len(sequential) == 6
+    for label, summary in sequential.items():
+        for task, metrics in summary["tasks"].items():
+            assert batched[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), (label, task)
+
+
 BATCH_NORM_RUN = {  # a CNN with BatchNorm, gradient clipping: the hosts whose clients keep state or add terms
     **RUN, "name": "bn", "dropout": 0.0,
     "method": ["fedbn", {"name": "moon", "projection_dim": 16}, "fedadam", {"name": "fedacg", "beta": 0.01},
