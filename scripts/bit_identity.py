@@ -6,8 +6,10 @@ that keeps sequential execution bit-identical leaves them equal.
     python scripts/bit_identity.py --compare A.json B.json
 
 The set: the default job; the digits hosts × plug-ins grid (8 hosts × 4 plug-ins); the nyud-like hosts × plug-ins
-grid (dense, five hosts); the all-in-one hosts of the MAS comparison on sdnkt; the adaptive server rules. Every run
-uses 2 rounds and evaluates at the last."""
+grid (dense, five hosts); the all-in-one hosts of the MAS comparison on sdnkt; the adaptive server rules; the
+personalized methods of the SFMTL comparison (pFedMe, SFMTL-Graph, FedU, Local); MAS's staged methods (MAS-2,
+one-by-one, TAG, HOA). Every run uses 2 rounds (the staged ones: R = 4, through every stage) and evaluates at the
+last."""
 
 from __future__ import annotations
 
@@ -31,6 +33,12 @@ RUNS: dict[str, tuple[str | None, list[str]]] = {  # name -> (config, overrides)
                                                                "benchmark.train_per_task=160"]),
     "adaptive": ("configs/feddea/digits_hosts_plugins.yaml",
                  ["rounds=2", "method=[fedadam,fedyogi,fedadagrad]", "plugins=null"]),
+    "personalized": ("configs/sfmtl/label_skew_digits.yaml",
+                     ["rounds=2", "method=[{name: pfedme, lam: 1, train: {lr: 0.5}}, sfmtl-graph, fedu, local]"]),
+    "mas-stages": ("configs/mas/sdnkt_comparison.yaml",
+                   ["rounds=4", "benchmark.train_per_task=160", "eval_every=2",
+                    "method=[{name: mas, groups: 2, r0: 2, affinity_round: 1}, one-by-one, "
+                    "{name: tag, groups: 2, affinity_rounds: 2}, {name: hoa, groups: 2, probe_rounds: 4}]"]),
 }
 
 

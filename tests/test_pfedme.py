@@ -76,7 +76,7 @@ def test_server_beta_average_by_hand():
 
 def test_server_weighs_clients_by_samples_then_mixes_with_beta():
     server = PfedmeServer(tiny_setup({0: {"a": 10}, 1: {"b": 30}}), PfedmeParams(beta=0.5))
-    previous = dict(server.global_state)
+    previous = dict(server.model.state)
     assert "head.weight" in previous and not any(k.startswith("heads.") for k in previous)  # one global model
     sent = server.configure_fit(0, [0, 1])
     assert sent[0].tensors().keys() == sent[1].tensors().keys() == previous.keys()
@@ -85,10 +85,14 @@ def test_server_weighs_clients_by_samples_then_mixes_with_beta():
                for c, task, n, value in [(0, "a", 10, 1.0), (1, "b", 30, 5.0)]}
     server.aggregate_fit(0, replies)
     for key, old in previous.items():  # average (10·1 + 30·5) / 40 = 4, then 0.5·old + 0.5·4
-        assert torch.allclose(server.global_state[key], 0.5 * old + 2.0)
+        assert torch.allclose(server.model.state[key], 0.5 * old + 2.0)
     assert server.evaluate({}) is None  # clients evaluate their own θ
-    model = server.global_model("b")  # the global w with its one head placed as b's (raised AttributeError once)
-    assert torch.equal(model.heads["b"].weight, server.global_state["head.weight"])
+    state = server.state_dict()
+    assert state.keys() == previous.keys()  # the global model, nothing else
+    with pytest.raises(ValueError, match="unknown server state 'part/x'"):
+        server.load_state_dict({**state, "part/x": torch.zeros(1)})
+    server.load_state_dict({k: v + 1 for k, v in state.items()})
+    assert torch.equal(server.model.state["head.weight"], state["head.weight"] + 1)
 
 
 def test_clients_start_from_one_common_model():

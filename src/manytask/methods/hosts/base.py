@@ -32,22 +32,18 @@ from manytask.client.trainer import (
     sum_of_task_losses,
 )
 from manytask.devices import on_device
-from manytask.errors import clipped
 from manytask.execution.plan import ClientPlan, PlanResult, StateUpdate, Unbatchable
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.client_state import StatePart, StateSchema
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
-from manytask.methods.common.guard import far_beyond_median, update_norms
+from manytask.methods.common.global_model import GlobalModel, GuardParams
 from manytask.methods.common.personal import check_shared_head
-from manytask.methods.common.updates import Update, copy_groups, copy_key, reference_key
+from manytask.methods.common.updates import Update, copy_key
 from manytask.methods.common.wire import (
     LOSS_PREFIX,
-    counts_problem,
     fit_scalars,
     mean_train_losses,
-    spec_problem,
-    task_sizes,
 )
 from manytask.methods.hosts.model_pool import ModelPool
 from manytask.models.multitask import (
@@ -62,21 +58,10 @@ from manytask.models.multitask import (
     to_task,
     trainable_state,
 )
-from manytask.registry import Params
 from manytask.seeding import derive_seed
 
 PART_PREFIX = "part/"  # server state beyond the global model: part/<name>/<key>
-GUARD = 100.0  # far above the spread of honest updates (clients with 100× the data of the median one included)
 Adjust = Callable[[int, list[Update]], list[Update]]
-
-
-class GuardParams(Params):
-    """What every server that aggregates (reference, trained) updates takes: the divergence guard."""
-
-    guard: float = Field(
-        default=GUARD, ge=0, allow_inf_nan=False, description="divergence guard: refuse a reply whose update norm "
-        "exceeds guard × the round's median (0: off; needs 3 replies)",
-    )
 
 
 class HostParams(GuardParams):
@@ -351,16 +336,31 @@ class HostClient(HostModel, ClientProgram[HostParams]):
 
 
 class HostServer(HostModel, ServerProgram[HostParams]):
-    """Keeps one global model; sends each client the shared parameters and the heads of its tasks; aggregates the
-    replies' updates with FedAvg's weights (the host's rule may differ: `aggregate_updates`)."""
+    """Keeps one global model (`GlobalModel`); sends each client the shared parameters and the heads of its tasks;
+    aggregates the replies' updates with FedAvg's weights (the host's rule may differ: `aggregate_updates`)."""
 
     def __init__(self, setup: Setup, params: HostParams) -> None:
         super().__init__(setup, params)
         self.keeps_local = bool(self.local_keys(state_keys(self.build_model()[0])))  # then clients evaluate
-        self.global_state = self.initial_state()
+        self.model = GlobalModel(setup, self.initial_state(), params.guard)
         self.parts: dict[str, dict[str, Tensor]] = {}  # named server state beyond the global model
-        self.sent: dict[int, dict[str, Tensor]] = {}  # this round's payloads: the references of the replies
-        self.payloads: dict[frozenset[str], Message] = {}  # payload per task set, until the model changes
+
+    @property
+    def global_state(self) -> dict[str, Tensor]:
+        return self.model.state
+
+    @global_state.setter
+    def global_state(self, state: dict[str, Tensor]) -> None:
+        self.model.state = state
+
+    @property
+    def sent(self) -> dict[int, dict[str, Tensor]]:
+        """What each client was sent this round."""
+        return self.model.sent
+
+    @sent.setter
+    def sent(self, sent: dict[int, dict[str, Tensor]]) -> None:
+        self.model.sent = sent
 
     def initial_state(self) -> dict[str, Tensor]:
         """The global model before round 1; in role form (`Setup.common_start`) when every client shares one
@@ -373,62 +373,28 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         return {k: v for k, v in state.items() if k not in local}
 
     def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
-        self.payloads = {}
-        payloads = {c: self.payload_for(c) for c in clients}
-        self.sent = {c: p.tensors() for c, p in payloads.items()}  # one set of views per message (`tensors`)
-        return payloads
+        self.model.changed()
+        return dict(self.model.send({c: self.payload_for(c) for c in clients}))
 
     def payload_for(self, client: int) -> Message:
-        """The shared parameters and the heads of the client's tasks; one message per task set in a round (the
-        engine serializes it for every client that gets it)."""
-        tasks = frozenset(self.setup.holdings[client])
-        if tasks not in self.payloads:
-            self.payloads[tasks] = Message.from_tensors(
-                {k: v for k, v in self.global_state.items() if (task := task_of_key(k)) is None or task in tasks})
-        return self.payloads[tasks]
+        """The shared parameters and the heads of the client's tasks (`GlobalModel.payload`)."""
+        return self.model.payload(client)
 
     def update_weights(self, client: int, keys: list[str], sizes: dict[str, int]) -> dict[str, float | Tensor]:
         """A copy's aggregation weight per parameter: FedAvg's (task size for a head, total size otherwise)."""
         return fedavg_weights(keys, sizes)
 
     def reply_problem(self, client: int, reply: Message) -> str | None:
-        """A host's reply holds trained copies of what its client was sent: every array's reference entry was sent
-        to it, with the same shape and dtype; it reports the sample count of every task its client holds (and of
-        no other), and a per-task copy is of one of those tasks."""
-        problem = counts_problem(client, reply, self.setup.holdings[client])
-        if problem is not None:
-            return problem
-        sent, sizes = self.sent.get(client, {}), task_sizes(reply)
-        for name, array in reply.tensors().items():
-            reference = sent.get(reference_key(name))
-            if reference is None:
-                return f"reply carries '{clipped(name)}', which was not sent to client {client}"
-            if array.shape != reference.shape or array.dtype != reference.dtype:  # the spec only for the sentence
-                return spec_problem(name, array, (tuple(reference.shape), reference.dtype), "was sent")
-        copies = [task for task in copy_groups(reply.arrays) if task is not None and task not in sizes]
-        return f"reply carries a copy for task '{clipped(copies[0])}' without its sample count" if copies else None
+        """A host's reply holds trained copies of what its client was sent (`GlobalModel.reply_problem`)."""
+        return self.model.reply_problem(client, reply)
 
     def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
         """The divergence guard (`common/guard.py`): replies whose update is far beyond the round's median."""
-        factor = self.params.guard
-        if factor <= 0:
-            return {}
-        norms = update_norms({c: self.sent.get(c, {}) for c in replies}, {c: r.tensors() for c, r in replies.items()})
-        return far_beyond_median(norms, factor)
+        return self.model.round_problems(replies)
 
     def read_updates(self, replies: Mapping[int, Message]) -> list[Update]:
-        """Every trained copy in the replies (sorted by client, copies by task) against what its client was sent;
-        entries that were not sent are ignored."""
-        updates = []
-        for client, reply in replies.items():
-            tensors, sizes, sent = reply.tensors(), task_sizes(reply), self.sent[client]
-            for task, keys in copy_groups(tensors).items():
-                copy_sizes = sizes if task is None else {task: sizes[task]}
-                trained = {reference_key(k): tensors[k] for k in keys if reference_key(k) in sent}
-                weights = self.update_weights(client, list(trained), copy_sizes)
-                updates.append(Update(client, copy_sizes, {k: sent[k] for k in trained}, trained, weights,
-                                      dict(reply.scalars), task))
-        return updates
+        """Every trained copy in the replies, with the host's `update_weights`."""
+        return self.model.read_updates(replies, self.update_weights)
 
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         return self.aggregate_replies(round_index, replies)
@@ -445,7 +411,7 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         if adjust is not None:
             updates = adjust(round_index, updates)
         log = self.aggregate_updates(round_index, updates)
-        self.payloads = {}  # built from the model before this round
+        self.model.changed()
         return {**mean_train_losses(list(received.values())), **log}
 
     def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
@@ -468,7 +434,7 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         return {task: evaluate(self.global_model(task), self.setup.specs[task], x, y) for task, (x, y) in test.items()}
 
     def configure_evaluate(self, clients: list[int]) -> dict[int, Message | None]:
-        self.payloads = {}  # the model has changed since the round's payloads were built
+        self.model.changed()
         return {c: self.payload_for(c) for c in clients}
 
     def global_model(self, task: str | None = None) -> nn.Module:
@@ -484,7 +450,7 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         return state
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        self.payloads = {}
+        self.model.changed()
         self.global_state = {k: v.clone() for k, v in state.items() if not k.startswith(PART_PREFIX)}
         self.parts = {part: {} for part in self.parts}
         for key, value in state.items():

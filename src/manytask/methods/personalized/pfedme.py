@@ -7,10 +7,10 @@ is its personalized model and ∇F_i(w) = λ(w − θ̂_i(w)). One round (the pa
   θ̂_i(w), then w ← w − η·λ·(w − θ); w is uploaded, θ stays in client state and is what the client is evaluated on.
 - server: w ← (1 − β)·w + β·(sample-weighted mean of the uploaded w), the paper's β (the SFMTL authors' code
   swaps the two weights; we do not).
-One global model serves all clients, so models travel in role form (`models.multitask.to_role`): one task per
-client, all heads of one shape. η and the number of mini-batches come from the run's train config (lr schedule, local
-steps/epochs, batch size); the updates are plain gradient steps, so its optimizer, momentum, weight decay and
-gradient clipping do not apply.
+One global model serves all clients (the server holds a `GlobalModel`), so models travel in role form
+(`models.multitask.to_role`): one task per client, all heads of one shape. η and the number of mini-batches come
+from the run's train config (lr schedule, local steps/epochs, batch size); the updates are plain gradient steps, so
+its optimizer, momentum, weight decay and gradient clipping do not apply.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ from torch import Tensor, nn
 
 from manytask.client.trainer import TaskData, shuffled_batches
 from manytask.devices import on_device
+from manytask.errors import clipped
 from manytask.messages import Message
-from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Metrics, Setup
+from manytask.methods.base import ClientContext, ClientProgram, MethodDef, ServerProgram, Setup
 from manytask.methods.client_state import StateSchema, model_part
+from manytask.methods.common.aggregation import fedavg_weights, weighted_average
+from manytask.methods.common.global_model import GlobalModel, GuardParams
 from manytask.methods.common.personal import check_shared_head, only_task, personal_model
-from manytask.methods.common.updates import Update
-from manytask.methods.common.wire import fit_scalars
-from manytask.methods.hosts.base import GuardParams, HostServer
+from manytask.methods.common.wire import fit_scalars, mean_train_losses
 from manytask.methods.registry import PERSONALIZED, register_method
 from manytask.models.multitask import MultiTaskModel, to_role, to_task, trainable_state
 from manytask.search_space import Space, log_range
@@ -128,25 +129,49 @@ class PfedmeClient(ClientProgram):
         return personal_model(self.setup, to_task(self.start, task), ctx.state, device=self.device)
 
 
-class PfedmeServer(HostServer):
-    """FedAvg's server over role-form models (role keys name no task, so every parameter is weighted by the
-    client's sample count), then the β step. Clients evaluate their own θ."""
+class PfedmeServer(ServerProgram[PfedmeParams]):
+    """One global model w in role form (`GlobalModel`: role keys name no task, so every parameter is weighted by
+    the client's sample count): FedAvg of the uploaded w, then the β step. Clients evaluate their own θ."""
 
-    def initial_state(self) -> dict[str, Tensor]:
-        check_shared_head(self.setup, NAME)
-        return self.setup.common_start()
+    def __init__(self, setup: Setup, params: PfedmeParams) -> None:
+        super().__init__(setup, params)
+        check_shared_head(setup, NAME)
+        self.model = GlobalModel(setup, setup.common_start(), params.guard)
 
-    def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
-        previous = dict(self.global_state)
-        log = super().aggregate_updates(round_index, updates)
-        self.global_state = server_beta_average(previous, self.global_state, self.params.beta)
-        return log
+    def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
+        self.model.changed()
+        return dict(self.model.send({c: self.model.payload(c) for c in clients}))
 
-    def evaluate(self, test: TaskData) -> Metrics | None:
-        return None
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        return self.model.reply_problem(client, reply)
 
-    def configure_evaluate(self, clients: list[int]) -> dict[int, Message | None]:
-        return dict.fromkeys(clients)  # a client evaluates θ from its own state
+    def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
+        return self.model.round_problems(replies)
+
+    def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
+        received = {c: r for c, r in replies.items() if r is not None}
+        if not received:
+            return {}
+        updates = self.model.read_updates(received, fedavg_weights_of)
+        average = weighted_average([u.trained for u in updates], [u.weights for u in updates])
+        previous = self.model.state
+        self.model.state = server_beta_average(previous, {**previous, **average}, self.params.beta)
+        self.model.changed()
+        return mean_train_losses(list(received.values()))
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return dict(self.model.state)
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        unknown = sorted(set(state) - set(self.model.state))
+        if unknown:
+            raise ValueError(f"unknown server state '{clipped(unknown[0])}' for pFedMe, which keeps its global model")
+        self.model.state = {k: v.clone() for k, v in state.items()}
+        self.model.changed()
+
+
+def fedavg_weights_of(client: int, keys: list[str], sizes: dict[str, int]) -> dict[str, float]:
+    return fedavg_weights(keys, sizes)
 
 
 register_method(
