@@ -177,6 +177,8 @@ def test_mas_refuses_settings_it_cannot_run():
         Experiment.build(validate(mas_config({**MAS, "affinity_round": 3}, rounds=4)))
     with pytest.raises(ManytaskError, match="groups=4 exceeds the 3 tasks"):
         Experiment.build(validate(mas_config({**MAS, "groups": 4}, rounds=4)))
+    with pytest.raises(ManytaskError, match=r"shared_head.*a decoder of its own"):
+        Experiment.build(validate(mas_config({**MAS, "shared_head": True}, rounds=4)))
 
 
 def test_gradnorm_step_matches_the_hand_computed_update():

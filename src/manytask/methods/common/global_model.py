@@ -5,7 +5,7 @@ guard (`common/guard.py`), and the replies read as `Update`s."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from pydantic import Field
 from torch import Tensor
@@ -13,13 +13,14 @@ from torch import Tensor
 from manytask.errors import clipped
 from manytask.messages import Message
 from manytask.methods.base import Setup
-from manytask.methods.common.aggregation import Weight
+from manytask.methods.common.aggregation import Weight, fedavg_weights, weighted_average
 from manytask.methods.common.guard import far_beyond_median, update_norms
 from manytask.methods.common.updates import Update, copy_groups, reference_key
 from manytask.methods.common.wire import counts_problem, spec_problem, task_sizes
 from manytask.models.multitask import task_of_key
 from manytask.registry import Params
 
+PART_PREFIX = "part/"  # a server's named state beyond its global model, in its checkpoint: part/<name>/<key>
 GUARD = 100.0  # far above the spread of honest updates (clients with 100× the data of the median one included)
 # a copy's aggregation weight per parameter: (client, its trained keys, its task sizes) -> weight per key
 WeightsOf = Callable[[int, list[str], dict[str, int]], dict[str, Weight]]
@@ -84,6 +85,10 @@ class GlobalModel:
         norms = update_norms({c: self.sent.get(c, {}) for c in replies}, {c: r.tensors() for c, r in replies.items()})
         return far_beyond_median(norms, self.guard)
 
+    def average(self, updates: list[Update]) -> None:
+        """FedAvg: θ_k ← Σ_n w_{n,k} θ_{n,k} / Σ_n w_{n,k} over the copies that trained k."""
+        self.state.update(weighted_average([u.trained for u in updates], [u.weights for u in updates]))
+
     def read_updates(self, replies: Mapping[int, Message], weights: WeightsOf) -> list[Update]:
         """Every trained copy in the replies (sorted by client, copies by task) against what its client was sent,
         weighted by `weights`; entries that were not sent are ignored."""
@@ -96,3 +101,29 @@ class GlobalModel:
                 updates.append(Update(client, copy_sizes, {k: sent[k] for k in trained}, trained,
                                       weights(client, list(trained), copy_sizes), dict(reply.scalars), task))
         return updates
+
+
+def fedavg_weights_of(client: int, keys: list[str], sizes: dict[str, int]) -> dict[str, Weight]:
+    """FedAvg's `WeightsOf`: task size for a head, total size otherwise (`fedavg_weights`)."""
+    return dict(fedavg_weights(keys, sizes))
+
+
+def with_parts(state: Mapping[str, Tensor], parts: Mapping[str, Mapping[str, Tensor]]) -> dict[str, Tensor]:
+    """A server's checkpoint: its global model and its named parts under `PART_PREFIX`."""
+    out = dict(state)
+    for part, tensors in parts.items():
+        out.update({f"{PART_PREFIX}{part}/{k}": v for k, v in tensors.items()})
+    return out
+
+
+def split_parts(checkpoint: Mapping[str, Tensor], names: Iterable[str]
+                ) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
+    """Inverse of `with_parts`, copied: (the global model, its parts: each of `names`, empty where the checkpoint
+    has none of it, and any other it has)."""
+    state = {k: v.clone() for k, v in checkpoint.items() if not k.startswith(PART_PREFIX)}
+    parts: dict[str, dict[str, Tensor]] = {part: {} for part in names}
+    for key, value in checkpoint.items():
+        if key.startswith(PART_PREFIX):
+            part, _, name = key[len(PART_PREFIX):].partition("/")
+            parts.setdefault(part, {})[name] = value.clone()
+    return state, parts

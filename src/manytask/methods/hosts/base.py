@@ -37,7 +37,7 @@ from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.client_state import StatePart, StateSchema
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
-from manytask.methods.common.global_model import GlobalModel, GuardParams
+from manytask.methods.common.global_model import GlobalModel, GuardParams, split_parts, with_parts
 from manytask.methods.common.personal import check_shared_head
 from manytask.methods.common.updates import Update, copy_key
 from manytask.methods.common.wire import (
@@ -60,7 +60,6 @@ from manytask.models.multitask import (
 )
 from manytask.seeding import derive_seed
 
-PART_PREFIX = "part/"  # server state beyond the global model: part/<name>/<key>
 Adjust = Callable[[int, list[Update]], list[Update]]
 
 
@@ -415,8 +414,8 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         return {**mean_train_losses(list(received.values())), **log}
 
     def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
-        """FedAvg: θ_k ← Σ_n w_{n,k} θ_{n,k} / Σ_n w_{n,k} over the copies that trained k."""
-        self.global_state.update(weighted_average([u.trained for u in updates], [u.weights for u in updates]))
+        """FedAvg (`GlobalModel.average`)."""
+        self.model.average(updates)
         return {}
 
     def average_buffers(self, updates: list[Update]) -> None:
@@ -444,16 +443,8 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         return module
 
     def state_dict(self) -> dict[str, Tensor]:
-        state = dict(self.global_state)
-        for part, tensors in self.parts.items():
-            state.update({f"{PART_PREFIX}{part}/{k}": v for k, v in tensors.items()})
-        return state
+        return with_parts(self.global_state, self.parts)
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
         self.model.changed()
-        self.global_state = {k: v.clone() for k, v in state.items() if not k.startswith(PART_PREFIX)}
-        self.parts = {part: {} for part in self.parts}
-        for key, value in state.items():
-            if key.startswith(PART_PREFIX):
-                part, _, name = key[len(PART_PREFIX):].partition("/")
-                self.parts.setdefault(part, {})[name] = value.clone()
+        self.global_state, self.parts = split_parts(state, self.parts)

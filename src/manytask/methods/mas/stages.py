@@ -21,18 +21,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from manytask.client.trainer import TaskData, TrainHook, evaluate
 from manytask.errors import ManytaskError
 from manytask.messages import Message
-from manytask.methods.base import ClientContext, Metrics, Setup
+from manytask.methods.base import ClientContext, Metrics, ServerProgram, Setup
+from manytask.methods.common.global_model import GlobalModel, fedavg_weights_of, split_parts, with_parts
 from manytask.methods.common.phases import Phase, Phases, PhaseStep
-from manytask.methods.common.wire import LOSS_PREFIX, fit_scalars
-from manytask.methods.hosts.base import HostClient, HostParams, HostServer, TrainedCopy
+from manytask.methods.common.wire import LOSS_PREFIX, fit_scalars, mean_train_losses
+from manytask.methods.hosts.base import HostClient, HostModel, HostParams, TrainedCopy
 from manytask.methods.mas.lookahead import AFFINITY_PREFIX, AffinityHook, affinity_matrix
-from manytask.models.multitask import load_state, task_of_key
+from manytask.models.multitask import load_state, task_of_key, trainable_state
 
 STAGE_ROUND, STAGE_ROUNDS, MEASURE_EVERY = "stage/round", "stage/rounds", "stage/affinity_every"
 STAGE, SPLIT = "stage", "split"  # server parts: the current stage index; the groups chosen at the split
@@ -53,6 +54,13 @@ class Stage:
 class StagedParams(HostParams):
     affinity_every: int = Field(10, ge=1, description="measure lookahead affinities every this many local batches")
     per_lr: bool = Field(True, description="divide affinities by the lr (the reference code's normalization)")
+
+    @field_validator("shared_head")
+    @classmethod
+    def _no_shared_head(cls, shared: bool) -> bool:
+        if shared:
+            raise ValueError("does not apply: every stage trains each of its tasks with a decoder of its own")
+        return shared
 
 
 class StagedClient(HostClient):
@@ -89,8 +97,9 @@ class StagedClient(HostClient):
         return {} if self.affinity is None else self.affinity.scalars()
 
 
-class StagedServer(HostServer):
-    """FedAvg of the current stage's model; stage transitions, the split and per-task models in server state."""
+class StagedServer(HostModel, ServerProgram[StagedParams]):
+    """FedAvg of the current stage's model (a `GlobalModel`); stage transitions, the split and per-task models in
+    named server state (`parts`)."""
 
     params: StagedParams
 
@@ -107,10 +116,19 @@ class StagedServer(HostServer):
         super().__init__(setup, params)
         self.tasks = list(setup.specs)
         self.phases = Phases(self.build_phases(setup, params), self.total_rounds(setup, params))
-        self.initial = dict(self.global_state)  # every decoder, untrained: where "scratch" stages start
-        self.parts = {STAGE: {"index": torch.tensor(-1)}}
-        self.global_state = {}
+        self.initial = trainable_state(self.build_model()[0])  # every decoder, untrained: where "scratch" starts
+        self.model = GlobalModel(setup, {}, params.guard)  # the running stage's model
+        self.parts: dict[str, dict[str, Tensor]] = {STAGE: {"index": torch.tensor(-1)}}
         self.step = self.phases.at(0)
+
+    @property
+    def global_state(self) -> dict[str, Tensor]:
+        """The running stage's model."""
+        return self.model.state
+
+    @global_state.setter
+    def global_state(self, state: dict[str, Tensor]) -> None:
+        self.model.state = state
 
     # --- what a method decides -------------------------------------------------------------------------------
     @abstractmethod
@@ -179,23 +197,41 @@ class StagedServer(HostServer):
         self.stage_at(round_index)
         self.step = self.phases.at(round_index)
         self.measuring = self.measure_every(self.step, round_index)
-        return super().configure_fit(round_index, clients)
+        self.model.changed()
+        return dict(self.model.send({c: self.payload_for(c) for c in clients}))
 
     def payload_for(self, client: int) -> Message:
+        """The stage's encoder and the decoders of the client's tasks, with the stage's scalars."""
         scalars = {STAGE_ROUND: self.step.local_round, STAGE_ROUNDS: self.step.length, MEASURE_EVERY: self.measuring}
         if not self.stage(self.step.index).tasks:
             return Message(scalars=scalars)
-        return Message.from_tensors(super().payload_for(client).tensors(), scalars=scalars)
+        return Message.from_tensors(self.model.payload(client).tensors(), scalars=scalars)
+
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        return self.model.reply_problem(client, reply)
+
+    def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
+        return self.model.round_problems(replies)
 
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
-        idle = not self.stage(self.step.index).tasks
-        log = {} if idle else super().aggregate_fit(round_index, replies)
         received = {c: r for c, r in replies.items() if r is not None}
+        log: dict[str, float] = {}
+        if self.stage(self.step.index).tasks and received:  # an idle stage trains nothing
+            self.model.average(self.model.read_updates(received, fedavg_weights_of))
+            self.model.changed()
+            log.update(mean_train_losses(list(received.values())))
         log.update(self.after_round(self.step, round_index, received))
         return {**log, "stage": float(self.step.index)}
 
     def configure_evaluate(self, clients: list[int]) -> dict[int, Message | None]:
         return dict.fromkeys(clients)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return with_parts(self.global_state, self.parts)
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self.model.changed()
+        self.global_state, self.parts = split_parts(state, self.parts)
 
     def evaluate(self, test: TaskData) -> Metrics | None:
         """Every task on its own model: the running stage's, the last that served it, or the initial one."""

@@ -29,8 +29,7 @@ from manytask.errors import clipped
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, ServerProgram, Setup
 from manytask.methods.client_state import StateSchema, model_part
-from manytask.methods.common.aggregation import fedavg_weights, weighted_average
-from manytask.methods.common.global_model import GlobalModel, GuardParams
+from manytask.methods.common.global_model import GlobalModel, GuardParams, fedavg_weights_of
 from manytask.methods.common.personal import check_shared_head, only_task, personal_model
 from manytask.methods.common.wire import fit_scalars, mean_train_losses
 from manytask.methods.registry import PERSONALIZED, register_method
@@ -152,10 +151,9 @@ class PfedmeServer(ServerProgram[PfedmeParams]):
         received = {c: r for c, r in replies.items() if r is not None}
         if not received:
             return {}
-        updates = self.model.read_updates(received, fedavg_weights_of)
-        average = weighted_average([u.trained for u in updates], [u.weights for u in updates])
-        previous = self.model.state
-        self.model.state = server_beta_average(previous, {**previous, **average}, self.params.beta)
+        previous = dict(self.model.state)
+        self.model.average(self.model.read_updates(received, fedavg_weights_of))
+        self.model.state = server_beta_average(previous, self.model.state, self.params.beta)
         self.model.changed()
         return mean_train_losses(list(received.values()))
 
@@ -168,10 +166,6 @@ class PfedmeServer(ServerProgram[PfedmeParams]):
             raise ValueError(f"unknown server state '{clipped(unknown[0])}' for pFedMe, which keeps its global model")
         self.model.state = {k: v.clone() for k, v in state.items()}
         self.model.changed()
-
-
-def fedavg_weights_of(client: int, keys: list[str], sizes: dict[str, int]) -> dict[str, float]:
-    return fedavg_weights(keys, sizes)
 
 
 register_method(
