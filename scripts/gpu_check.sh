@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/card.txt"
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/card.txt"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/test_devices.py tests/test_batched.py \
+timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/test_devices.py tests/test_batched.py tests/test_batched_dense.py \
     tests/test_checkpoint_integrity.py 2>&1 | tail -n 15 | tee "$OUT/tests.txt"
 timeout 240 python3 -c "from manytask.cli import main; main()" bench --only kernels --only limit --rounds 2 \
     --out "$OUT/bench.json" 2>&1 | grep -v 'one after another' | tail -n 30 | tee "$OUT/bench.txt"

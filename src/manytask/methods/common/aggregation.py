@@ -43,9 +43,9 @@ def weighted_average(
     return averages
 
 
-# bytes of values stacked at once (`_ordered_sum`, the divergence guard): below glibc's largest mmap threshold
-# (32 MB), so a block reuses freed heap memory instead of faulting in fresh pages every round (a 64 MB block made
-# the aggregation of a 20-client round of the SFMTL CNN twice as slow, for the same bits)
+# bytes of values stacked at once (`_ordered_sum`, the divergence guard): under the 32 MiB a run serves from the
+# heap (`engine/heap.py`), so a block reuses freed memory instead of mapping fresh pages every round (64 MiB
+# blocks made the aggregation of a 20-client round of the SFMTL CNN twice as slow, for the same bits)
 SUM_BLOCK_BYTES = 1 << 24
 
 
