@@ -13,7 +13,7 @@ from manytask.experiment import Experiment
 from manytask.messages import Message
 from manytask.methods.base import ClientContext
 from manytask.methods.common.updates import Update
-from manytask.methods.hosts.base import HostServer, TrainedCopy
+from manytask.methods.hosts.base import TrainedCopy
 from manytask.methods.hosts.fedacg import FedAcgParams, FedAcgServer
 from manytask.methods.hosts.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from manytask.methods.hosts.feddyn import (
@@ -26,6 +26,7 @@ from manytask.methods.hosts.feddyn import (
 )
 from manytask.methods.hosts.fednova import FedNovaServer, normalized_step, normalizing_factor
 from manytask.methods.hosts.rules import Momentum, round_delta
+from manytask.methods.hosts.server import HostServer
 from manytask.models.multitask import trainable_state
 from manytask.run import resume, run_config
 from tests.conftest import small_config_dict

@@ -1,19 +1,18 @@
-"""What every host optimizer shares: a server that keeps one global model and aggregates (reference, trained)
-updates, and a client that trains what it was sent with the one `Trainer`.
+"""What every host optimizer shares on the client, and the model both sides build: a client that trains what it was
+sent with the one `Trainer` (or describes its round as a `ClientPlan` for an executor) and uploads it. The server
+side is `hosts/server.py`.
 
-A host differs from FedAvg in a few overridable places, never in the loop:
-- client: `build_model` (e.g. a linearized model, a projection head), `local_keys` (parameters that stay on the
-  client, FedPer/FedBN), `hooks`, `optimizer` and `combine` (its local objective), `trainer` and `schedule` (local
-  work and lr schedule of a round, e.g. per phase), `finish` (client state after training, extra scalars);
-- server: `payload_for` (e.g. a lookahead model), `update_weights` (aggregation weights per parameter),
-  `aggregate_updates` (its server rule), and named extra server state in `self.parts`.
-Plug-ins wrap any host through `aggregate_replies` (they see and may change the `Update`s before the host's rule
-runs) and through the client's reply (methods/plugins/base.py).
+A host client differs from FedAvg's in a few overridable places, never in the loop: `build_model` (e.g. a
+linearized model, a projection head), `local_keys` (parameters that stay on the client, FedPer/FedBN), `hooks`,
+`optimizer` and `combine` (its local objective), `trainer` and `schedule` (local work and lr schedule of a round,
+e.g. per phase), `state_update`, `kept` and `finish` (client state after training, extra scalars), and
+`state_parts` (what that state holds, declared once). Plug-ins wrap any host through the client's reply
+(methods/plugins/base.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -34,22 +33,17 @@ from manytask.client.trainer import (
 from manytask.devices import on_device
 from manytask.execution.plan import ClientPlan, PlanResult, StateUpdate, Unbatchable
 from manytask.messages import Message
-from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
+from manytask.methods.base import ClientContext, ClientProgram, Metrics, Setup
 from manytask.methods.client_state import StatePart, StateSchema
-from manytask.methods.common.aggregation import fedavg_weights, weighted_average
-from manytask.methods.common.global_model import GlobalModel, GuardParams, split_parts, with_parts
-from manytask.methods.common.personal import check_shared_head
-from manytask.methods.common.updates import Update, copy_key
+from manytask.methods.common.global_model import GuardParams
+from manytask.methods.common.updates import copy_key
 from manytask.methods.common.wire import (
     LOSS_PREFIX,
     fit_scalars,
-    mean_train_losses,
 )
 from manytask.methods.hosts.model_pool import ModelPool
 from manytask.models.multitask import (
-    ROLE_HEAD_PREFIX,
     MultiTaskModel,
-    is_buffer,
     load_state,
     merged_state,
     state_keys,
@@ -59,8 +53,6 @@ from manytask.models.multitask import (
     trainable_state,
 )
 from manytask.seeding import derive_seed
-
-Adjust = Callable[[int, list[Update]], list[Update]]
 
 
 class HostParams(GuardParams):
@@ -332,119 +324,3 @@ class HostClient(HostModel, ClientProgram[HostParams]):
                 modules[name] = self.start(ctx, received, [task] if self.params.per_task else list(ctx.data)).module
             metrics[task] = evaluate(modules[name], self.setup.specs[task], x, y)
         return metrics
-
-
-class HostServer(HostModel, ServerProgram[HostParams]):
-    """Keeps one global model (`GlobalModel`); sends each client the shared parameters and the heads of its tasks;
-    aggregates the replies' updates with FedAvg's weights (the host's rule may differ: `aggregate_updates`)."""
-
-    def __init__(self, setup: Setup, params: HostParams) -> None:
-        super().__init__(setup, params)
-        self.keeps_local = bool(self.local_keys(state_keys(self.build_model()[0])))  # then clients evaluate
-        self.model = GlobalModel(setup, self.initial_state(), params.guard)
-        self.parts: dict[str, dict[str, Tensor]] = {}  # named server state beyond the global model
-
-    @property
-    def global_state(self) -> dict[str, Tensor]:
-        return self.model.state
-
-    @global_state.setter
-    def global_state(self, state: dict[str, Tensor]) -> None:
-        self.model.state = state
-
-    @property
-    def sent(self) -> dict[int, dict[str, Tensor]]:
-        """What each client was sent this round."""
-        return self.model.sent
-
-    @sent.setter
-    def sent(self, sent: dict[int, dict[str, Tensor]]) -> None:
-        self.model.sent = sent
-
-    def initial_state(self) -> dict[str, Tensor]:
-        """The global model before round 1; in role form (`Setup.common_start`) when every client shares one
-        head."""
-        if self.params.shared_head:
-            check_shared_head(self.setup)
-            return self.setup.common_start()
-        state = trainable_state(self.build_model()[0])
-        local = self.local_keys(list(state))
-        return {k: v for k, v in state.items() if k not in local}
-
-    def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
-        self.model.changed()
-        return dict(self.model.send({c: self.payload_for(c) for c in clients}))
-
-    def payload_for(self, client: int) -> Message:
-        """The shared parameters and the heads of the client's tasks (`GlobalModel.payload`)."""
-        return self.model.payload(client)
-
-    def update_weights(self, client: int, keys: list[str], sizes: dict[str, int]) -> dict[str, float | Tensor]:
-        """A copy's aggregation weight per parameter: FedAvg's (task size for a head, total size otherwise)."""
-        return fedavg_weights(keys, sizes)
-
-    def reply_problem(self, client: int, reply: Message) -> str | None:
-        """A host's reply holds trained copies of what its client was sent (`GlobalModel.reply_problem`)."""
-        return self.model.reply_problem(client, reply)
-
-    def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
-        """The divergence guard (`common/guard.py`): replies whose update is far beyond the round's median."""
-        return self.model.round_problems(replies)
-
-    def read_updates(self, replies: Mapping[int, Message]) -> list[Update]:
-        """Every trained copy in the replies, with the host's `update_weights`."""
-        return self.model.read_updates(replies, self.update_weights)
-
-    def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
-        return self.aggregate_replies(round_index, replies)
-
-    def aggregate_replies(
-        self, round_index: int, replies: Mapping[int, Message | None], adjust: Adjust | None = None
-    ) -> dict[str, float]:
-        """Read the replies' updates, let `adjust` (a plug-in) change them, run the host's rule; log the clients'
-        training losses and whatever the rule logs."""
-        received = {c: r for c, r in replies.items() if r is not None}
-        if not received:
-            return {}
-        updates = self.read_updates(received)
-        if adjust is not None:
-            updates = adjust(round_index, updates)
-        log = self.aggregate_updates(round_index, updates)
-        self.model.changed()
-        return {**mean_train_losses(list(received.values())), **log}
-
-    def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
-        """FedAvg (`GlobalModel.average`)."""
-        self.model.average(updates)
-        return {}
-
-    def average_buffers(self, updates: list[Update]) -> None:
-        """Buffers (BN statistics) take FedAvg's weighted average, whatever rule a host applies to parameters."""
-        buffers = [{k: v for k, v in u.trained.items() if is_buffer(k)} for u in updates]
-        self.global_state.update(weighted_average(buffers, [u.weights for u in updates]))
-
-    def evaluate(self, test: TaskData) -> Metrics | None:
-        """The global model per task; None (clients evaluate their own models) when parameters stay local."""
-        if self.keeps_local:
-            return None
-        if not any(k.startswith(ROLE_HEAD_PREFIX) for k in self.global_state):
-            module = self.global_model()
-            return {task: evaluate(module, self.setup.specs[task], x, y) for task, (x, y) in test.items()}
-        return {task: evaluate(self.global_model(task), self.setup.specs[task], x, y) for task, (x, y) in test.items()}
-
-    def configure_evaluate(self, clients: list[int]) -> dict[int, Message | None]:
-        self.model.changed()
-        return {c: self.payload_for(c) for c in clients}
-
-    def global_model(self, task: str | None = None) -> nn.Module:
-        """The global model; with a role-form state, with the shared head placed as `task`'s head."""
-        model, module = self.build_model()
-        load_state(model, self.global_state if task is None else to_task(self.global_state, task))
-        return module
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return with_parts(self.global_state, self.parts)
-
-    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        self.model.changed()
-        self.global_state, self.parts = split_parts(state, self.parts)

@@ -15,7 +15,8 @@ from pydantic import Field
 from torch import nn
 
 from manytask.methods.base import MethodDef
-from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer
+from manytask.methods.hosts.base import HostClient, HostModel, HostParams
+from manytask.methods.hosts.server import HostServer
 from manytask.methods.registry import HOST, register_method
 from manytask.models.linearized import Linearized
 from manytask.models.multitask import MultiTaskModel

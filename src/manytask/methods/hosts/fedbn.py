@@ -18,7 +18,8 @@ from torch import nn
 
 from manytask.errors import ManytaskError
 from manytask.methods.base import MethodDef
-from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer
+from manytask.methods.hosts.base import HostClient, HostModel, HostParams
+from manytask.methods.hosts.server import HostServer
 from manytask.methods.personalized.fedper import module_of
 from manytask.methods.registry import HOST, register_method
 

@@ -32,7 +32,8 @@ from manytask.messages import Message
 from manytask.methods.base import ClientContext, MethodDef, Setup
 from manytask.methods.client_state import StatePart
 from manytask.methods.common.aggregation import fedavg_weights
-from manytask.methods.hosts.base import Adjust, HostClient, HostParams, HostServer, TrainedCopy
+from manytask.methods.hosts.base import HostClient, HostParams, TrainedCopy
+from manytask.methods.hosts.server import Adjust, HostServer
 from manytask.methods.registry import HOST, register_method
 from manytask.models.multitask import load_state
 from manytask.tasks.task import TaskSpec

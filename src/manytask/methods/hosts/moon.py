@@ -29,7 +29,8 @@ from manytask.client.terms import FeatureTerm
 from manytask.client.trainer import StepContext, TrainHook
 from manytask.methods.base import ClientContext, MethodDef
 from manytask.methods.client_state import StatePart
-from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer, TrainedCopy
+from manytask.methods.hosts.base import HostClient, HostModel, HostParams, TrainedCopy
+from manytask.methods.hosts.server import HostServer
 from manytask.methods.registry import HOST, register_method
 from manytask.models.multitask import MultiTaskModel, load_state, task_of_key
 from manytask.search_space import Space, log_range, uniform

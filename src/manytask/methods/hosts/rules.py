@@ -21,7 +21,8 @@ from manytask.methods.base import Setup
 from manytask.methods.common.aggregation import Weight, weighted_average
 from manytask.methods.common.global_model import PART_PREFIX
 from manytask.methods.common.updates import Update, is_parameter
-from manytask.methods.hosts.base import HostParams, HostServer
+from manytask.methods.hosts.base import HostParams
+from manytask.methods.hosts.server import HostServer
 
 Tensors = dict[str, Tensor]
 RuleState = dict[str, Tensors]  # state name -> parameter key -> tensor

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from manytask.methods.base import MethodDef
-from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer
+from manytask.methods.hosts.base import HostClient, HostModel, HostParams
+from manytask.methods.hosts.server import HostServer
 from manytask.methods.registry import PERSONALIZED, register_method
 from manytask.models.adapters import ADAPTER_MARK
 from manytask.models.multitask import BUFFER_PREFIX, is_buffer, task_of_key

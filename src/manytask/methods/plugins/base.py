@@ -23,7 +23,7 @@ from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.client_state import StateSchema
 from manytask.methods.common.updates import Update
-from manytask.methods.hosts.base import HostServer
+from manytask.methods.hosts.server import HostServer
 from manytask.registry import Params
 
 PLUGIN_PREFIX = "plugin/"

@@ -7,7 +7,8 @@ from __future__ import annotations
 from torch import nn
 
 from manytask.methods.base import MethodDef
-from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer
+from manytask.methods.hosts.base import HostClient, HostModel, HostParams
+from manytask.methods.hosts.server import HostServer
 from manytask.methods.registry import HOST, register_with_centralized
 from manytask.models.multitask import MultiTaskModel
 

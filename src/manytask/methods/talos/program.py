@@ -1,5 +1,5 @@
 """What every federated TaLoS method shares (shared/specs/talos_fl.md): its parameters, its phases, its model, and
-the client and server programs that run the phases on the host machinery (methods/hosts/base.py).
+the client and server programs that run the phases on the host machinery (methods/hosts/base.py, hosts/server.py).
 
 Phases, fixed in length so both sides know them from the round alone:
 1. head-only: the backbone frozen, the heads trained and averaged with FedAvg;
@@ -26,7 +26,8 @@ from manytask.methods.base import ClientContext, Setup
 from manytask.methods.client_state import StatePart
 from manytask.methods.common.phases import Phase, Phases, PhaseStep
 from manytask.methods.common.wire import counts_problem, fit_scalars
-from manytask.methods.hosts.base import HostClient, HostModel, HostParams, HostServer, TrainedCopy
+from manytask.methods.hosts.base import HostClient, HostModel, HostParams, TrainedCopy
+from manytask.methods.hosts.server import HostServer
 from manytask.methods.talos.calibration import calibration_batches
 from manytask.methods.talos.mask import Masks, calibrate_mask, pack_masks, scored_parameters, unpack_masks
 from manytask.models.multitask import MultiTaskModel, task_of_key
