@@ -6,13 +6,14 @@ guard (`common/guard.py`), and the replies read as `Update`s."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 from pydantic import Field
 from torch import Tensor
 
 from manytask.errors import clipped
 from manytask.messages import Message
-from manytask.methods.base import Setup
+from manytask.methods.base import ServerProgram, Setup
 from manytask.methods.common.aggregation import Weight, fedavg_weights, weighted_average
 from manytask.methods.common.guard import far_beyond_median, update_norms
 from manytask.methods.common.updates import Update, copy_groups, reference_key
@@ -127,3 +128,38 @@ def split_parts(checkpoint: Mapping[str, Tensor], names: Iterable[str]
             part, _, name = key[len(PART_PREFIX):].partition("/")
             parts.setdefault(part, {})[name] = value.clone()
     return state, parts
+
+
+P = TypeVar("P", bound=GuardParams)
+
+
+class GlobalModelServer(ServerProgram[P]):
+    """A server that holds a `GlobalModel` (`self.model`, which its constructor sets) and named state beyond it
+    (`self.parts`): the reply checks and the divergence guard are the model's, and its checkpoint is the model's
+    state with its parts (`with_parts`)."""
+
+    model: GlobalModel
+    parts: dict[str, dict[str, Tensor]]
+
+    @property
+    def global_state(self) -> dict[str, Tensor]:
+        return self.model.state
+
+    @global_state.setter
+    def global_state(self, state: dict[str, Tensor]) -> None:
+        self.model.state = state
+
+    def reply_problem(self, client: int, reply: Message) -> str | None:
+        """A reply holds trained copies of what its client was sent (`GlobalModel.reply_problem`)."""
+        return self.model.reply_problem(client, reply)
+
+    def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
+        """The divergence guard: replies whose update is far beyond the round's median."""
+        return self.model.round_problems(replies)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return with_parts(self.model.state, self.parts)
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self.model.changed()
+        self.model.state, self.parts = split_parts(state, self.parts)

@@ -13,9 +13,9 @@ from torch import Tensor, nn
 
 from manytask.client.trainer import TaskData, evaluate
 from manytask.messages import Message
-from manytask.methods.base import Metrics, ServerProgram, Setup
+from manytask.methods.base import Metrics, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
-from manytask.methods.common.global_model import GlobalModel, split_parts, with_parts
+from manytask.methods.common.global_model import GlobalModel, GlobalModelServer
 from manytask.methods.common.personal import check_shared_head
 from manytask.methods.common.updates import Update
 from manytask.methods.common.wire import mean_train_losses
@@ -25,7 +25,7 @@ from manytask.models.multitask import ROLE_HEAD_PREFIX, is_buffer, load_state, s
 Adjust = Callable[[int, list[Update]], list[Update]]
 
 
-class HostServer(HostModel, ServerProgram[HostParams]):
+class HostServer(HostModel, GlobalModelServer[HostParams]):
     """Keeps one global model (`GlobalModel`); sends each client the shared parameters and the heads of its tasks;
     aggregates the replies' updates with FedAvg's weights (the host's rule may differ: `aggregate_updates`)."""
 
@@ -34,14 +34,6 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         self.keeps_local = bool(self.local_keys(state_keys(self.build_model()[0])))  # then clients evaluate
         self.model = GlobalModel(setup, self.initial_state(), params.guard)
         self.parts: dict[str, dict[str, Tensor]] = {}  # named server state beyond the global model
-
-    @property
-    def global_state(self) -> dict[str, Tensor]:
-        return self.model.state
-
-    @global_state.setter
-    def global_state(self, state: dict[str, Tensor]) -> None:
-        self.model.state = state
 
     @property
     def sent(self) -> dict[int, dict[str, Tensor]]:
@@ -73,14 +65,6 @@ class HostServer(HostModel, ServerProgram[HostParams]):
     def update_weights(self, client: int, keys: list[str], sizes: dict[str, int]) -> dict[str, float | Tensor]:
         """A copy's aggregation weight per parameter: FedAvg's (task size for a head, total size otherwise)."""
         return fedavg_weights(keys, sizes)
-
-    def reply_problem(self, client: int, reply: Message) -> str | None:
-        """A host's reply holds trained copies of what its client was sent (`GlobalModel.reply_problem`)."""
-        return self.model.reply_problem(client, reply)
-
-    def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
-        """The divergence guard (`common/guard.py`): replies whose update is far beyond the round's median."""
-        return self.model.round_problems(replies)
 
     def read_updates(self, replies: Mapping[int, Message]) -> list[Update]:
         """Every trained copy in the replies, with the host's `update_weights`."""
@@ -133,9 +117,3 @@ class HostServer(HostModel, ServerProgram[HostParams]):
         load_state(model, self.global_state if task is None else to_task(self.global_state, task))
         return module
 
-    def state_dict(self) -> dict[str, Tensor]:
-        return with_parts(self.global_state, self.parts)
-
-    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        self.model.changed()
-        self.global_state, self.parts = split_parts(state, self.parts)

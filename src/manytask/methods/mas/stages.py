@@ -27,8 +27,8 @@ from torch import Tensor
 from manytask.client.trainer import TaskData, TrainHook, evaluate
 from manytask.errors import ManytaskError
 from manytask.messages import Message
-from manytask.methods.base import ClientContext, Metrics, ServerProgram, Setup
-from manytask.methods.common.global_model import GlobalModel, fedavg_weights_of, split_parts, with_parts
+from manytask.methods.base import ClientContext, Metrics, Setup
+from manytask.methods.common.global_model import GlobalModel, GlobalModelServer, fedavg_weights_of
 from manytask.methods.common.phases import Phase, Phases, PhaseStep
 from manytask.methods.common.wire import LOSS_PREFIX, fit_scalars, mean_train_losses
 from manytask.methods.hosts.base import HostClient, HostModel, HostParams, TrainedCopy
@@ -97,7 +97,7 @@ class StagedClient(HostClient):
         return {} if self.affinity is None else self.affinity.scalars()
 
 
-class StagedServer(HostModel, ServerProgram[StagedParams]):
+class StagedServer(HostModel, GlobalModelServer[StagedParams]):
     """FedAvg of the current stage's model (a `GlobalModel`); stage transitions, the split and per-task models in
     named server state (`parts`)."""
 
@@ -120,15 +120,6 @@ class StagedServer(HostModel, ServerProgram[StagedParams]):
         self.model = GlobalModel(setup, {}, params.guard)  # the running stage's model
         self.parts: dict[str, dict[str, Tensor]] = {STAGE: {"index": torch.tensor(-1)}}
         self.step = self.phases.at(0)
-
-    @property
-    def global_state(self) -> dict[str, Tensor]:
-        """The running stage's model."""
-        return self.model.state
-
-    @global_state.setter
-    def global_state(self, state: dict[str, Tensor]) -> None:
-        self.model.state = state
 
     # --- what a method decides -------------------------------------------------------------------------------
     @abstractmethod
@@ -207,12 +198,6 @@ class StagedServer(HostModel, ServerProgram[StagedParams]):
             return Message(scalars=scalars)
         return Message.from_tensors(self.model.payload(client).tensors(), scalars=scalars)
 
-    def reply_problem(self, client: int, reply: Message) -> str | None:
-        return self.model.reply_problem(client, reply)
-
-    def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
-        return self.model.round_problems(replies)
-
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         received = {c: r for c, r in replies.items() if r is not None}
         log: dict[str, float] = {}
@@ -225,13 +210,6 @@ class StagedServer(HostModel, ServerProgram[StagedParams]):
 
     def configure_evaluate(self, clients: list[int]) -> dict[int, Message | None]:
         return dict.fromkeys(clients)
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return with_parts(self.global_state, self.parts)
-
-    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        self.model.changed()
-        self.global_state, self.parts = split_parts(state, self.parts)
 
     def evaluate(self, test: TaskData) -> Metrics | None:
         """Every task on its own model: the running stage's, the last that served it, or the initial one."""

@@ -27,9 +27,9 @@ from manytask.client.trainer import TaskData, shuffled_batches
 from manytask.devices import on_device
 from manytask.errors import clipped
 from manytask.messages import Message
-from manytask.methods.base import ClientContext, ClientProgram, MethodDef, ServerProgram, Setup
+from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
 from manytask.methods.client_state import StateSchema, model_part
-from manytask.methods.common.global_model import GlobalModel, GuardParams, fedavg_weights_of
+from manytask.methods.common.global_model import GlobalModel, GlobalModelServer, GuardParams, fedavg_weights_of
 from manytask.methods.common.personal import check_shared_head, only_task, personal_model
 from manytask.methods.common.wire import fit_scalars, mean_train_losses
 from manytask.methods.registry import PERSONALIZED, register_method
@@ -128,7 +128,7 @@ class PfedmeClient(ClientProgram):
         return personal_model(self.setup, to_task(self.start, task), ctx.state, device=self.device)
 
 
-class PfedmeServer(ServerProgram[PfedmeParams]):
+class PfedmeServer(GlobalModelServer[PfedmeParams]):
     """One global model w in role form (`GlobalModel`: role keys name no task, so every parameter is weighted by
     the client's sample count): FedAvg of the uploaded w, then the β step. Clients evaluate their own θ."""
 
@@ -136,16 +136,11 @@ class PfedmeServer(ServerProgram[PfedmeParams]):
         super().__init__(setup, params)
         check_shared_head(setup, NAME)
         self.model = GlobalModel(setup, setup.common_start(), params.guard)
+        self.parts = {}
 
     def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
         self.model.changed()
         return dict(self.model.send({c: self.model.payload(c) for c in clients}))
-
-    def reply_problem(self, client: int, reply: Message) -> str | None:
-        return self.model.reply_problem(client, reply)
-
-    def round_problems(self, replies: Mapping[int, Message]) -> dict[int, str]:
-        return self.model.round_problems(replies)
 
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         received = {c: r for c, r in replies.items() if r is not None}
@@ -157,15 +152,12 @@ class PfedmeServer(ServerProgram[PfedmeParams]):
         self.model.changed()
         return mean_train_losses(list(received.values()))
 
-    def state_dict(self) -> dict[str, Tensor]:
-        return dict(self.model.state)
-
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        """The global model only: any other key is an error."""
         unknown = sorted(set(state) - set(self.model.state))
         if unknown:
             raise ValueError(f"unknown server state '{clipped(unknown[0])}' for pFedMe, which keeps its global model")
-        self.model.state = {k: v.clone() for k, v in state.items()}
-        self.model.changed()
+        super().load_state_dict(state)
 
 
 register_method(
