@@ -1,4 +1,5 @@
-"""`workers: N` spreads a round's clients over N processes and gives one process's numbers, bit for bit."""
+"""`workers: N` spreads a round's clients over N processes and gives one process's numbers, bit for bit (sequential
+execution); batched, each worker batches its share, within the executor's tolerance."""
 
 import json
 
@@ -45,6 +46,34 @@ def test_two_workers_give_one_process_numbers_and_resume_the_same(tmp_path):
         assert _rows(tmp_path / "cut" / label / "metrics.jsonl") == _rows(tmp_path / "one" / label / "metrics.jsonl")
 
 
+def test_workers_batch_their_shares_of_a_round_and_resume_the_same(tmp_path, capfd):
+    """Under execution auto every worker trains its share of the round as batched computations (a worker prints
+    the one-line notice where it cannot: GradNorm's learned weights); the numbers are the sequential ones within the
+    batched tolerance, and a run stopped and resumed gives the same numbers as one that was not."""
+    config = {**CONFIG, "execution": "auto", "workers": 2, "method": ["fedavg", "feddyn", "gradnorm"],
+              "dropout": 0.0}
+    sequential = run_config(validate({**config, "execution": "sequential", "workers": 1}), tmp_path / "seq")
+    capfd.readouterr()
+    batched = run_config(validate(config), tmp_path / "auto")
+    notices = [line for line in capfd.readouterr().err.splitlines() if "one after another" in line]
+    assert notices and all("gradnorm" in line for line in notices), notices
+    for label, summary in sequential.items():
+        for task, metrics in summary["tasks"].items():
+            assert batched[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), (label, task)
+    assert run_config(validate({**config, "method": ["feddyn"]}), tmp_path / "cut", stop_after=2) is None
+    resumed = resume(tmp_path / "cut")
+    assert resumed["feddyn"]["tasks"] == batched["feddyn"]["tasks"]
+
+
 def test_workers_are_for_the_local_engine_only():
     with pytest.raises(ManytaskError, match="set workers: 1"):
         Experiment.build(validate({**CONFIG, "method": "fedavg", "workers": 2, "engine": "flower-sim"}))
+
+
+def test_a_rounds_clients_are_shared_by_their_work():
+    """Largest first, each to the lightest share (ties: the first): 10 → A, 8 → B, 5 → B (13), 5 → A (15),
+    1 → B (14)."""
+    from manytask.engine.pool import shares
+
+    assert shares([4, 3, 2, 1, 0], {0: 10, 1: 8, 2: 5, 3: 5, 4: 1}, 2) == [[0, 3], [1, 2, 4]]
+    assert shares([7], {7: 3}, 2) == [[7]]  # no empty share

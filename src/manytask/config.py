@@ -97,12 +97,13 @@ class RunConfig(Params):
         default=1, ge=1, le=MAX_THREADS, description="torch intra-op threads; small models are fastest on 1"
     )
     workers: int = Field(default=1, ge=1, description="processes training a round's clients in parallel (local "
-                         "engine); the numbers do not depend on it")
+                         "engine); with execution sequential the numbers do not depend on it, batched only within "
+                         "float tolerance")
     execution: Literal["auto", "sequential", "vectorized"] = Field(
         default="auto", description="local engine: a round's clients trained as one batched computation where their "
         "methods allow it, else one after another with a one-line notice saying why (auto); always one after another "
-        "(sequential); or batched, only in one process of the local engine (vectorized). Batched equals sequential "
-        "within float tolerance",
+        "(sequential); or batched, refusing to fall back (vectorized). With workers, each worker batches its share of "
+        "the round. Batched equals sequential within float tolerance",
     )
     vector_clients: int = Field(default=256, ge=1,
                                 description="execution auto or vectorized: clients per batched computation")

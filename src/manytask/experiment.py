@@ -56,10 +56,9 @@ class Experiment:
         if config.workers > 1 and config.engine != "local":
             raise ManytaskError(f"workers={config.workers} spreads clients over processes of the local engine; "
                                 f"engine '{config.engine}' places clients itself, so set workers: 1.")
-        if config.execution == "vectorized" and (config.engine != "local" or config.workers > 1):
-            where = f"engine '{config.engine}'" if config.engine != "local" else f"workers={config.workers}"
-            raise ManytaskError(f"execution: vectorized batches a round's clients in this process; {where} places "
-                                "clients elsewhere, so use one or the other.")
+        if config.execution == "vectorized" and config.engine != "local":
+            raise ManytaskError(f"execution: vectorized batches a round's clients in the local engine's processes; "
+                                f"engine '{config.engine}' places clients elsewhere, so use one or the other.")
         if config.clients_per_round is not None and config.clients_per_round > federation.num_clients:
             raise ManytaskError(
                 f"clients_per_round={config.clients_per_round} exceeds the {federation.num_clients} clients."

@@ -5,6 +5,11 @@ deterministic in it) and runs clients with the one `ClientRunner`. What crosses 
 the wire anyway: serialized payloads and replies, plus each client's state serialized the same way, kept by the
 main process (so checkpoints and resume are the local engine's). A client's result depends only on its payload,
 state, seed and round, never on which worker ran it or when, so N workers give one process's numbers.
+
+With `execution: auto` (or `vectorized`) each worker takes a share of the round's clients, balanced by their data,
+and trains it as the in-process engine does: batched where the program makes plans, in computations of at most
+`vector_clients`. A client's numbers then equal its sequential ones within the batched executor's tolerance (as in
+one process), not bit for bit, since a batched computation's sums depend on the clients batched with it.
 Processes are spawned, not forked: a forked child of a process that has used torch's thread pools can deadlock.
 """
 
@@ -52,6 +57,27 @@ def _fit(client: int, round_index: int, payload: bytes | None, state: bytes) -> 
     return reply, seconds, pack_state(held)
 
 
+def _fit_many(clients: list[int], round_index: int, payloads: dict[int, bytes | None], states: dict[int, bytes],
+              per_computation: int) -> dict[int, tuple[bytes | None, float, bytes]]:
+    """A worker's share of a batched round: `ClientRunner.fit_many` over computations of `per_computation`
+    clients."""
+    held = {c: unpack_state(states[c]) for c in clients}
+    results: dict[int, tuple[bytes | None, float]] = {}
+    for start in range(0, len(clients), per_computation):
+        results.update(_worker().fit_many(clients[start : start + per_computation], round_index, payloads, held))
+    return {c: (reply, seconds, pack_state(held[c])) for c, (reply, seconds) in results.items()}
+
+
+def shares(clients: list[int], work: dict[int, int], count: int) -> list[list[int]]:
+    """`clients` in `count` shares of about equal work (largest first, each to the lightest share), each sorted."""
+    loads, parts = [0] * count, [[] for _ in range(count)]
+    for client in sorted(clients, key=lambda c: (-work.get(c, 0), c)):
+        lightest = loads.index(min(loads))
+        parts[lightest].append(client)
+        loads[lightest] += work.get(client, 0)
+    return [sorted(part) for part in parts if part]
+
+
 def _evaluate(client: int, payload: bytes | None, state: bytes) -> Metrics:
     return _worker().evaluate(client, payload, unpack_state(state))
 
@@ -63,6 +89,10 @@ class ProcessPoolTransport:
         config = experiment.config.model_dump(mode="json")
         self.pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start_worker,
                                         initargs=(config,))
+        self.workers = workers
+        execution = experiment.config
+        # None: one client after another; else clients per batched computation (each worker batches its share)
+        self.vector_clients = None if execution.execution == "sequential" else execution.vector_clients
         self.states: dict[int, ClientState] = {}
         self.work = {c: sum(tasks.values()) for c, tasks in experiment.federation.sizes().items()}
         self.experiment = experiment
@@ -70,6 +100,9 @@ class ProcessPoolTransport:
     def fit(self, round_index: int, payloads: Payloads, simulated_drops: set[int]) -> FitOutcome:
         outcome = FitOutcome()
         outcome.failures.update({c: "simulated dropout" for c in payloads if c in simulated_drops})
+        if self.vector_clients is not None:
+            self._fit_batched(round_index, payloads, [c for c in payloads if c not in simulated_drops], outcome)
+            return outcome
         futures = {}
         # largest clients first: idle workers take the small ones last, so the round ends with the workers level
         for client in sorted((c for c in payloads if c not in simulated_drops), key=lambda c: -self.work.get(c, 0)):
@@ -80,6 +113,18 @@ class ProcessPoolTransport:
             outcome.replies[client], outcome.seconds[client] = reply, seconds
             self.states[client] = unpack_state(state)
         return outcome
+
+    def _fit_batched(self, round_index: int, payloads: Payloads, clients: list[int], outcome: FitOutcome) -> None:
+        """Each worker trains its share of the round's clients as batched computations."""
+        futures = []
+        for share in shares(clients, self.work, self.workers):
+            states = {c: pack_state(self.states.get(c, {})) for c in share}
+            futures.append(self.pool.submit(_fit_many, share, round_index, {c: payloads[c] for c in share}, states,
+                                            self.vector_clients))
+        for future in futures:
+            for client, (reply, seconds, state) in future.result().items():
+                outcome.replies[client], outcome.seconds[client] = reply, seconds
+                self.states[client] = unpack_state(state)
 
     def evaluate(self, payloads: Payloads) -> dict[int, Metrics]:
         futures = {c: self.pool.submit(_evaluate, c, p, pack_state(self.states.get(c, {})))
