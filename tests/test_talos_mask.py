@@ -1,6 +1,8 @@
 """TaLoS's masks: exact density, Fisher scores against an independent per-example loop, the highest-Fisher entries
 masked out at R = 1, weights restored, and the default scored set of a ViT."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -93,3 +95,33 @@ def test_a_vit_scores_its_blocks_but_not_embeddings_class_token_or_final_norm():
     assert names and not any("embeddings" in n or n.startswith("backbone.model.layernorm.") for n in names)
     assert any("layernorm_before" in n for n in names) and any("q_proj" in n for n in names)
     assert scored_parameters(model, ["q_proj"]) == [n for n in names if "q_proj" in n]
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_the_sensitive_set_only_grows_over_the_calibration_rounds(monkeypatch, per_layer):
+    """Each round ranks only the entries still active (shared/specs/talos_fl.md: nested masks): what round r marks
+    sensitive stays so in every later round, and each round marks round(ρ_r · d) entries in all. (Re-ranking every
+    entry each round released up to 19 % (global) and 23 % (per layer) of a round's sensitive entries here.)"""
+    from manytask.methods.talos import mask as talos_mask
+
+    rounds: list[dict[str, torch.Tensor]] = []
+    chosen = talos_mask.most_sensitive
+
+    def recording(scores, fraction, per_layer=False):
+        marked = chosen(scores, fraction, per_layer)
+        rounds.append(marked)
+        return marked
+
+    monkeypatch.setattr(talos_mask, "most_sensitive", recording)
+    model = _model()
+    final = calibrate_mask(model, [("digit", _inputs(12))], 0.9, 6, soft_zero=0.01, per_layer=per_layer, seed=4)
+    assert len(rounds) == 6
+    for earlier, later in itertools.pairwise(rounds):
+        for name in earlier:
+            assert bool((later[name] | ~earlier[name]).all()), name  # earlier ⊆ later
+    d = sum(m.numel() for m in final.values())
+    for r, marked in enumerate(rounds, start=1):
+        expected = (sum(round(sparsity_at(r, 6, 0.9) * m.numel()) for m in marked.values()) if per_layer
+                    else round(sparsity_at(r, 6, 0.9) * d))
+        assert sum(int(m.sum()) for m in marked.values()) == expected
+    assert all(torch.equal(final[name], ~rounds[-1][name]) for name in final)

@@ -4,9 +4,10 @@ the Fisher information, are the ones sparse fine-tuning may move.
     F_jj = (1/N) Σ_i (∂/∂θ_j log p_θ(ŷ_i | x_i))²,   ŷ_i ~ p_θ(· | x_i)   (one label per example, sampled)
 
 Per-example gradients come from `torch.func` (vmap of grad over a functional call), never a loop over examples.
-Iterative calibration over R rounds: round r marks the ρ_r = 1 − (1 − ρ*)^(r/R) fraction of scored entries with
-the highest F as sensitive and soft-zeroes them (× `soft_zero`) before the next round's scores; the weights are
-restored afterwards. With ρ* of the scored entries sensitive, the final mask keeps exactly the other
+Iterative calibration over R rounds: round r marks the ρ_r = 1 − (1 − ρ*)^(r/R) fraction of scored entries as
+sensitive, keeping every entry an earlier round marked and adding the still-active ones with the highest F (nested
+masks: the sensitive set only grows), and soft-zeroes them (× `soft_zero`) before the next round's scores; the
+weights are restored afterwards. With ρ* of the scored entries sensitive, the final mask keeps exactly the other
 d − round(ρ*·d) trainable (True).
 """
 
@@ -142,7 +143,9 @@ def calibrate_mask(
     try:
         for r in range(1, rounds + 1):
             scores = fisher_diagonal(model, batches, names, generator, raw_logit)
-            sensitive = most_sensitive(scores, sparsity_at(r, rounds, sparsity), per_layer)
+            # entries already sensitive rank first: only the still-active ones compete for the round's new places
+            ranked = {name: scores[name].masked_fill(sensitive[name], float("inf")) for name in names}
+            sensitive = most_sensitive(ranked, sparsity_at(r, rounds, sparsity), per_layer)
             with torch.no_grad():
                 for name in names:
                     params[name].copy_(torch.where(sensitive[name], original[name] * soft_zero, original[name]))
