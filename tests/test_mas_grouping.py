@@ -105,16 +105,16 @@ def test_at_most_breaks_ties_towards_fewer_groups():
     assert best_grouping(torch.zeros(4, 4), 3) != best_grouping(torch.zeros(4, 4), 3, exact=False)
 
 
-def _task_value(S: torch.Tensor, group: list[int], i: int) -> float:
-    """Ŝ_i(G): mean_{j∈G, j≠i} S_{j→i}, or the self-affinity alone."""
+def _task_value(S: torch.Tensor, group: list[int], i: int, lone: str = "tag") -> float:
+    """Ŝ_i(G): mean_{j∈G, j≠i} S_{j→i}; alone, TAG's 1e-6 (or MAS eq. 4's self-affinity with `lone="mas"`)."""
     if len(group) == 1:
-        return float(self_affinity(S)[i])
+        return 1e-6 if lone == "tag" else float(self_affinity(S)[i])
     return sum(float(S[j, i]) for j in group if j != i) / (len(group) - 1)
 
 
-def _cover_score(S: torch.Tensor, groups: list[list[int]]) -> float:
+def _cover_score(S: torch.Tensor, groups: list[list[int]], lone: str = "tag") -> float:
     n = len(S)
-    return sum(max(_task_value(S, g, i) for g in groups if i in g) for i in range(n))
+    return sum(max(_task_value(S, g, i, lone) for g in groups if i in g) for i in range(n))
 
 
 @pytest.mark.parametrize("n", range(1, 5))
@@ -136,6 +136,19 @@ def test_best_cover_matches_brute_force(n):
         for i, g in enumerate(serving):
             assert i in chosen[g]
             assert _task_value(S, chosen[g], i) == max(_task_value(S, c, i) for c in chosen if i in c)
+
+
+def test_tag_scores_a_lone_task_as_1e_minus_6_not_by_mas_eq_4():
+    """Task 2 helps the others (0.9) but gains little from them (0.3): MAS's eq. 4 gives it a self-affinity of 0.6,
+    so its own group would beat every shared one (cover {0,1}, {2}: 1 + 1 + 0.6); TAG scores it alone 1e-6, so it
+    joins a group with others (1 + 1 + 0.3)."""
+    S = torch.tensor([[0.0, 1.0, 0.3], [1.0, 0.0, 0.3], [0.9, 0.9, 0.0]])
+    assert float(self_affinity(S)[2]) == pytest.approx(0.6)
+    assert _cover_score(S, [[0, 1], [2]], lone="mas") == pytest.approx(2.6)
+    chosen, _ = best_cover(S, 2)
+    assert all(len(group) > 1 for group in chosen), chosen
+    assert _cover_score(S, chosen) == pytest.approx(2.3)
+    assert best_cover(torch.zeros(1, 1), 1) == ([[0]], [0])  # one task: alone, as nothing else can serve it
 
 
 def test_greedy_cover_covers_and_beats_one_group():

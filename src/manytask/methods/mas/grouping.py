@@ -251,16 +251,19 @@ def cover_is_exact(n: int, groups: int) -> bool:
     return math.comb(candidates, min(groups, candidates)) <= COVER_EXACT_LIMIT
 
 
+LONE_TASK = 1e-6  # TAG's affinity of a task trained alone: a lone task is chosen only where nothing else serves it
+
+
 def _task_values(S: np.ndarray) -> np.ndarray:
     """V[G, i] = Ŝ_i(G) for every subset G (bitmask) and task i ∈ G, −inf for i ∉ G: mean_{j∈G, j≠i} S_{j→i} if
-    |G| > 1, else the self-affinity of MAS eq. 4."""
+    |G| > 1, else `LONE_TASK` (TAG's score of a task alone)."""
     n = len(S)
     off = S - np.diag(np.diag(S))
     onto = np.zeros((1, n))  # onto[G, i] = Σ_{j∈G, j≠i} S[j, i]
     for k in range(n):
         onto = np.concatenate([onto, onto + off[k]])
     V = onto / np.maximum(_popcounts(n) - 1, 1)[:, None]
-    V[1 << np.arange(n), np.arange(n)] = _self_affinity(S)
+    V[1 << np.arange(n), np.arange(n)] = LONE_TASK
     inside = (np.arange(1 << n)[:, None] >> np.arange(n)) & 1
     V[inside == 0] = -np.inf
     return V
@@ -303,7 +306,8 @@ def _greedy_cover(V: np.ndarray, groups: int) -> list[int]:
 
 def best_cover(S: Tensor, groups: int) -> tuple[list[list[int]], list[int]]:
     """TAG's network selection (Fifty et al. 2021): up to `groups` possibly overlapping non-empty groups covering all
-    tasks, maximizing Σ_i max_{G ∋ i} Ŝ_i(G) with Ŝ as in `partition_score` (MAS eq. 4 for a group of one).
+    tasks, maximizing Σ_i max_{G ∋ i} Ŝ_i(G) with Ŝ_i(G) = mean_{j∈G, j≠i} S_{j→i}, and a task alone scored
+    `LONE_TASK` as TAG scores it ("resulting in no group contains only a single task"), not by MAS's eq. 4.
 
     Exhaustive over all combinations of `groups` candidate subsets when `cover_is_exact(n, groups)` (at most
     `COVER_EXACT_LIMIT` combinations; adding a group never lowers the score, so exactly `groups` suffice).
