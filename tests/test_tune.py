@@ -19,7 +19,7 @@ from manytask.config import validate
 from manytask.errors import ManytaskError
 from manytask.experiment import make_benchmark
 from manytask.search_space import log_range, uniform
-from manytask.tune import STUDY, TUNED, member_space, tune, validation_benchmark, with_values
+from manytask.tune import STUDY, TUNED, member_space, repeat_score, tune, validation_benchmark, with_values
 from tests.conftest import small_config_dict
 
 TINY = small_config_dict(method=["fedavg", "fedprox"], rounds=3, seeds=[0, 1],
@@ -163,9 +163,10 @@ def test_the_rate_range_follows_the_members_own_rate():
     assert lr.log and (lr.low, lr.high) == pytest.approx((0.02, 0.6))
 
 
-def _score(tmp_path, name, seed, repeats):
+def _score(tmp_path, name, seed, repeats, score="mean"):
     config = small_config_dict(method="fedavg", seed=seed, rounds=2, tune={
-        "trials": 1, "repeats": repeats, "pruning": False, "space": {"fedavg": {"train.lr": {"choices": [0.05]}}}})
+        "trials": 1, "repeats": repeats, "pruning": False, "score": score,
+        "space": {"fedavg": {"train.lr": {"choices": [0.05]}}}})
     tune(validate(config), tmp_path / name, progress=_quiet)
     return json.loads((tmp_path / name / "tuning.json").read_text())["members"]["fedavg"]["validation_score"]
 
@@ -174,3 +175,10 @@ def test_repeats_score_a_trial_by_the_mean_over_seeds(tmp_path):
     first, second = _score(tmp_path, "a", 7, 1), _score(tmp_path, "b", 8, 1)
     assert first != second
     assert _score(tmp_path, "both", 7, 2) == pytest.approx((first + second) / 2)
+    assert _score(tmp_path, "worst", 7, 2, "worst") == pytest.approx(min(first, second))  # accuracy: higher is better
+
+
+def test_the_worst_repeat_is_the_lowest_score_when_higher_is_better_else_the_highest():
+    assert repeat_score([0.8, 0.2, 0.5], "worst", "maximize") == 0.2
+    assert repeat_score([0.8, 0.2, 0.5], "worst", "minimize") == 0.8
+    assert repeat_score([0.8, 0.2, 0.5], "mean", "minimize") == pytest.approx(0.5)

@@ -70,7 +70,9 @@ class TuneConfig(Params):
                                 "before any trial is pruned")
     pruning: bool = Field(default=True, description="stop trials whose validation curve is below the median")
     repeats: int = Field(default=1, ge=1, description="seeds each trial is scored over (seed, seed + 1, ...), each "
-                         "with its own validation split: the score is their mean, so luck does not pick the values")
+                         "with its own validation split, so luck does not pick the values")
+    score: Literal["mean", "worst"] = Field(default="mean", description="a trial's score over its repeats: their "
+                                            "mean, or the worst of them (values that fail on one seed lose)")
 
 
 class RunConfig(Params):

@@ -1,7 +1,8 @@
 """`manytask tune CONFIG --trials N`: an Optuna study per member of a config, the same number of trials each, over
 the search spaces its method (and plug-in) declares, scored on a validation split carved from every task's training
-data. The test set is never read. With `tune.repeats: r` a trial is scored by its mean over r seeds, each with its
-own validation split (repeated hold-out), so one lucky split does not pick the values.
+data. The test set is never read. With `tune.repeats: r` a trial is scored over r seeds, each with its own
+validation split (repeated hold-out), so one lucky split does not pick the values: by their mean, or with
+`tune.score: worst` by the worst of them, so values that collapse a task on one seed lose.
 
 The studies live in one SQLite file in the tuning directory (`study.db`, one study per member label), so a tuning
 killed at any point goes on where it stopped and the file opens with Optuna's own tools (`optuna-dashboard`,
@@ -157,6 +158,14 @@ def _fail_interrupted(study: optuna.Study) -> int:
     return len(stale)
 
 
+def repeat_score(scores: list[float], how: str, direction: str) -> float:
+    """A trial's score over its repeats: the mean, or the worst (the lowest when higher is better, else the
+    highest)."""
+    if how == "mean":
+        return sum(scores) / len(scores)
+    return min(scores) if direction == "maximize" else max(scores)
+
+
 class Tuner:
     """Runs the studies of a config's members in `out`, one trial at a time."""
 
@@ -224,7 +233,7 @@ class Tuner:
                 raise optuna.TrialPruned(f"a round failed: {failure}") from None
             finally:
                 shutil.rmtree(run_dir.path, ignore_errors=True)  # checkpoints of every trial would fill the disk
-        return sum(scores) / len(scores)
+        return repeat_score(scores, self.settings.score, self.direction)
 
     def _report_trial(self, label: str, study: optuna.Study) -> None:
         from optuna.trial import TrialState
@@ -250,7 +259,7 @@ class Tuner:
 
     def _write(self, members: dict[str, dict[str, Any]]) -> Path:
         tuned_entries = [with_values(entry, members[method_label(entry)]["best"]) for entry in self.config.methods]
-        record = {"trials": self.settings.trials, "repeats": self.settings.repeats,
+        record = {"trials": self.settings.trials, "repeats": self.settings.repeats, "score": self.settings.score,
                   "validation": self.settings.validation,
                   "direction": self.direction, "study": STUDY, "members": members}
         data = self.config.model_dump(mode="json", exclude_none=True)
