@@ -63,9 +63,13 @@ class ClientRunner:
         self, clients: list[int], round_index: int, payloads: Mapping[int, bytes | None],
         states: Mapping[int, ClientState],
     ) -> dict[int, tuple[bytes | None, float]]:
-        """`fit` of every client in `clients`: their plans run as one batched computation where the program makes
-        plans (each client is credited an equal share of its seconds), else one after another with a one-line
-        notice per reason."""
+        """`fit` of every client in `clients`: their plans run as batched computations of at most `vector_clients`
+        where the program makes plans (each client is credited an equal share of its computation's seconds), else
+        one after another with a one-line notice per reason."""
+        per = self.exp.config.vector_clients
+        if len(clients) > per:
+            return {c: result for start in range(0, len(clients), per)
+                    for c, result in self.fit_many(clients[start : start + per], round_index, payloads, states).items()}
         seeds = derive_seeds([(self.exp.config.seed, "client", round_index, c) for c in clients])
         ctxs = [self._context(c, round_index, states[c], seed) for c, seed in zip(clients, seeds, strict=True)]
         began = time.perf_counter()

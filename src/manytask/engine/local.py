@@ -1,5 +1,5 @@
-"""The local engine: the in-process simulation. Clients run one after another in this process (or, with
-`execution: vectorized`, a round's clients as one batched computation: `client/vectorized.py`); every message is
+"""The local engine: the in-process simulation. A round's clients run in this process, as batched computations where
+their methods make plans (`execution: auto`, the default; `execution/batched.py`) or one after another; every message is
 still serialized (so bytes are measured and programs cannot share memory), and client states are checkpointed
 with the server's, so a stopped run resumes exactly."""
 
@@ -13,9 +13,9 @@ from manytask.rundir import RunDir
 
 
 class InProcessTransport:
-    def __init__(self, runner: ClientRunner, vector_clients: int | None = None) -> None:
+    def __init__(self, runner: ClientRunner, batched: bool = False) -> None:
         self.runner = runner
-        self.vector_clients = vector_clients  # None: one client after another; else clients per batched computation
+        self.batched = batched  # the round's clients to the runner's batched computations, else one after another
         self.states: dict[int, ClientState] = {}
 
     def fit(self, round_index: int, payloads: Payloads, simulated_drops: set[int]) -> FitOutcome:
@@ -23,13 +23,10 @@ class InProcessTransport:
         outcome.failures.update({c: "simulated dropout" for c in payloads if c in simulated_drops})
         clients = [c for c in payloads if c not in simulated_drops]
         states = {c: self.states.setdefault(c, {}) for c in clients}
-        if self.vector_clients is None:
-            results = {c: self.runner.fit(c, round_index, payloads[c], states[c]) for c in clients}
+        if self.batched:
+            results = self.runner.fit_many(clients, round_index, payloads, states)
         else:
-            results = {}
-            for start in range(0, len(clients), self.vector_clients):
-                chunk = clients[start : start + self.vector_clients]
-                results.update(self.runner.fit_many(chunk, round_index, payloads, states))
+            results = {c: self.runner.fit(c, round_index, payloads[c], states[c]) for c in clients}
         for client, (reply, seconds) in results.items():
             outcome.replies[client], outcome.seconds[client] = reply, seconds
         return outcome
@@ -48,5 +45,5 @@ class InProcessTransport:
 def local_engine(experiment: Experiment, run_dir: RunDir, observer: RoundObserver | None = None) -> RoundLoop:
     """The round loop with clients run in-process."""
     config = experiment.config
-    vector_clients = None if config.execution == "sequential" else config.vector_clients
-    return RoundLoop(experiment, run_dir, InProcessTransport(ClientRunner(experiment), vector_clients), observer)
+    transport = InProcessTransport(ClientRunner(experiment), batched=config.execution != "sequential")
+    return RoundLoop(experiment, run_dir, transport, observer)

@@ -57,14 +57,11 @@ def _fit(client: int, round_index: int, payload: bytes | None, state: bytes) -> 
     return reply, seconds, pack_state(held)
 
 
-def _fit_many(clients: list[int], round_index: int, payloads: dict[int, bytes | None], states: dict[int, bytes],
-              per_computation: int) -> dict[int, tuple[bytes | None, float, bytes]]:
-    """A worker's share of a batched round: `ClientRunner.fit_many` over computations of `per_computation`
-    clients."""
+def _fit_many(clients: list[int], round_index: int, payloads: dict[int, bytes | None], states: dict[int, bytes]
+              ) -> dict[int, tuple[bytes | None, float, bytes]]:
+    """A worker's share of a batched round (`ClientRunner.fit_many`)."""
     held = {c: unpack_state(states[c]) for c in clients}
-    results: dict[int, tuple[bytes | None, float]] = {}
-    for start in range(0, len(clients), per_computation):
-        results.update(_worker().fit_many(clients[start : start + per_computation], round_index, payloads, held))
+    results = _worker().fit_many(clients, round_index, payloads, held)
     return {c: (reply, seconds, pack_state(held[c])) for c, (reply, seconds) in results.items()}
 
 
@@ -90,9 +87,7 @@ class ProcessPoolTransport:
         self.pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start_worker,
                                         initargs=(config,))
         self.workers = workers
-        execution = experiment.config
-        # None: one client after another; else clients per batched computation (each worker batches its share)
-        self.vector_clients = None if execution.execution == "sequential" else execution.vector_clients
+        self.batched = experiment.config.execution != "sequential"  # each worker batches its share of a round
         self.states: dict[int, ClientState] = {}
         self.work = {c: sum(tasks.values()) for c, tasks in experiment.federation.sizes().items()}
         self.experiment = experiment
@@ -100,7 +95,7 @@ class ProcessPoolTransport:
     def fit(self, round_index: int, payloads: Payloads, simulated_drops: set[int]) -> FitOutcome:
         outcome = FitOutcome()
         outcome.failures.update({c: "simulated dropout" for c in payloads if c in simulated_drops})
-        if self.vector_clients is not None:
+        if self.batched:
             self._fit_batched(round_index, payloads, [c for c in payloads if c not in simulated_drops], outcome)
             return outcome
         futures = {}
@@ -119,8 +114,7 @@ class ProcessPoolTransport:
         futures = []
         for share in shares(clients, self.work, self.workers):
             states = {c: pack_state(self.states.get(c, {})) for c in share}
-            futures.append(self.pool.submit(_fit_many, share, round_index, {c: payloads[c] for c in share}, states,
-                                            self.vector_clients))
+            futures.append(self.pool.submit(_fit_many, share, round_index, {c: payloads[c] for c in share}, states))
         for future in futures:
             for client, (reply, seconds, state) in future.result().items():
                 outcome.replies[client], outcome.seconds[client] = reply, seconds

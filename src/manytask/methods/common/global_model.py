@@ -149,6 +149,14 @@ class GlobalModelServer(ServerProgram[P]):
     def global_state(self, state: dict[str, Tensor]) -> None:
         self.model.state = state
 
+    def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
+        self.model.changed()
+        return dict(self.model.send({c: self.payload_for(c) for c in clients}))
+
+    def payload_for(self, client: int) -> Message:
+        """The shared parameters and the heads of the client's tasks (`GlobalModel.payload`)."""
+        return self.model.payload(client)
+
     def reply_problem(self, client: int, reply: Message) -> str | None:
         """A reply holds trained copies of what its client was sent (`GlobalModel.reply_problem`)."""
         return self.model.reply_problem(client, reply)

@@ -54,14 +54,6 @@ class HostServer(HostModel, GlobalModelServer[HostParams]):
         local = self.local_keys(list(state))
         return {k: v for k, v in state.items() if k not in local}
 
-    def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
-        self.model.changed()
-        return dict(self.model.send({c: self.payload_for(c) for c in clients}))
-
-    def payload_for(self, client: int) -> Message:
-        """The shared parameters and the heads of the client's tasks (`GlobalModel.payload`)."""
-        return self.model.payload(client)
-
     def update_weights(self, client: int, keys: list[str], sizes: dict[str, int]) -> dict[str, float | Tensor]:
         """A copy's aggregation weight per parameter: FedAvg's (task size for a head, total size otherwise)."""
         return fedavg_weights(keys, sizes)

@@ -188,8 +188,7 @@ class StagedServer(HostModel, GlobalModelServer[StagedParams]):
         self.stage_at(round_index)
         self.step = self.phases.at(round_index)
         self.measuring = self.measure_every(self.step, round_index)
-        self.model.changed()
-        return dict(self.model.send({c: self.payload_for(c) for c in clients}))
+        return super().configure_fit(round_index, clients)
 
     def payload_for(self, client: int) -> Message:
         """The stage's encoder and the decoders of the client's tasks, with the stage's scalars."""

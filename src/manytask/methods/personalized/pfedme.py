@@ -138,10 +138,6 @@ class PfedmeServer(GlobalModelServer[PfedmeParams]):
         self.model = GlobalModel(setup, setup.common_start(), params.guard)
         self.parts = {}
 
-    def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
-        self.model.changed()
-        return dict(self.model.send({c: self.model.payload(c) for c in clients}))
-
     def aggregate_fit(self, round_index: int, replies: Mapping[int, Message | None]) -> dict[str, float]:
         received = {c: r for c, r in replies.items() if r is not None}
         if not received:
