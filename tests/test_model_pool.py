@@ -69,3 +69,20 @@ def test_load_state_is_load_state_dict_with_one_copy_per_tensor():
         assert "size mismatch" in str(err)
     else:
         raise AssertionError("a wrong shape must not load")
+
+
+def test_a_model_taken_with_a_state_is_a_fresh_build_with_that_state_loaded():
+    from manytask.models.multitask import load_state, trainable_state
+
+    pool = ModelPool(_build)
+    used, _ = pool.take(_context(0))
+    with torch.no_grad():
+        for p in used.parameters():
+            p.add_(1.0)  # every tensor moved, the ones the next state overwrites and the ones it does not
+    sent = {k: v + 2.0 for k, v in trainable_state(_build()[0], ["a"]).items() if k.startswith("backbone.")}
+    taken, _ = pool.take(_context(1), sent)
+    assert taken is used
+    expected = _build()[0]
+    load_state(expected, sent)
+    assert all(torch.equal(_state(taken)[k], v) for k, v in _state(expected).items())
+    assert any(k.startswith("heads.") for k in _state(expected))  # the heads were reset, not loaded

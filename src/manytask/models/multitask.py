@@ -159,6 +159,16 @@ def load_state(model: nn.Module, state: Mapping[str, Tensor]) -> list[str]:
     return unexpected
 
 
+def overwritten(model: nn.Module, state: Mapping[str, Tensor]) -> list[Tensor]:
+    """The model's tensors that `load_state(model, state)` overwrites whole (none where the model has loading logic
+    of its own: what it writes is its business)."""
+    named = model_tensors(model)
+    if not named.plain_loading:
+        return []
+    targets = (named.loadable.get(key.removeprefix(BUFFER_PREFIX)) for key in state)
+    return [t for t in targets if t is not None]
+
+
 def merged_state(base: Mapping[str, Tensor], *states: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """`base` (a model's tensors by name) with each of `states` loaded over it in turn, exactly as `load_state`
     would load them into that model: keys it lacks are ignored, a one-element vector fills a scalar, values take the

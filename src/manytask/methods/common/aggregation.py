@@ -74,13 +74,22 @@ def row_blocks(count: int, row_bytes: int) -> list[slice]:
 def _stacked_sum(values: list[Tensor], scales: list[float]) -> Tensor:
     total: Tensor | None = None
     for block in row_blocks(len(values), 8 * values[0].numel()):
-        terms = torch.stack(values[block]).double()
+        rows = values[block]
+        terms = torch.stack(rows, out=torch.empty((len(rows), *rows[0].shape), dtype=torch.float64))  # cast on copy
         terms.mul_(torch.tensor(scales[block], dtype=torch.float64).view(-1, *[1] * terms[0].dim()))
         if total is None:
             total, terms = terms[0].clone(), terms[1:]
         total.unsqueeze(0).index_add_(0, torch.zeros(len(terms), dtype=torch.long), terms)
     assert total is not None
     return total
+
+
+def scaled_step(before: Mapping[str, Tensor], after: Mapping[str, Tensor], eta: float) -> dict[str, Tensor]:
+    """The server step control θ ← θ + η_s (θ' − θ) for every key of `after` (θ', the rule's result) that `before`
+    (θ) holds; η_s = 1 returns θ' itself, bit for bit."""
+    if eta == 1:
+        return dict(after)
+    return {k: v if before.get(k) is None else before[k] + eta * (v - before[k]) for k, v in after.items()}
 
 
 def _weighted(value: Tensor, weight: Weight) -> Tensor:
