@@ -240,3 +240,38 @@ def test_two_thousand_images_render():
     print(f"2000 scenes at 32x32: {time.perf_counter() - started:.2f} s")
     assert out["image"].shape == (2000, 3, 32, 32) and out["semseg"].shape == (2000, 32, 32)
     assert (out["semseg"] >= 2).any(dim=(1, 2)).float().mean() > 0.9  # nearly every image shows an object
+
+
+def test_boundaries_are_one_pixel_wide_and_occlusion_edges_mark_the_nearer_side():
+    from manytask.benchmarks.scenes.render import label_edges, occlusion_edges
+
+    labels = torch.zeros(1, 6, 6, 1, dtype=torch.int64)
+    labels[:, :, 3:] = 1  # a vertical boundary between columns 2 and 3, and a horizontal one below row 3 on the left
+    labels[:, 4:, :3] = 2
+    want = torch.zeros(1, 6, 6, dtype=torch.bool)
+    want[:, :, 2] = True
+    want[:, 3, :3] = True
+    assert torch.equal(label_edges(labels), want)
+    # a near object (columns 3..5, depth 1) in front of a far wall (depth 4) that its rays miss
+    t = torch.full((1, 6, 6), 4.0)
+    t[:, :, 3:] = 1.0
+    surface = (t == 1.0).long()
+    reach = torch.stack([torch.full((1, 6, 6), 4.0), torch.where(t == 1.0, 1.0, torch.inf)], 1)
+    want = torch.zeros(1, 6, 6, dtype=torch.bool)
+    want[:, :, 3] = True  # the occluding pixel, not the occluded one
+    assert torch.equal(occlusion_edges(t, surface, reach), want)
+
+
+def test_texture_edge_maps_are_as_sparse_as_real_ones_and_edge_everywhere_scores_low():
+    """Real edge maps (NYUD, BSDS, PASCAL) are 5–15 % positive; so is every style's at the default 32×32, and an
+    all-ones prediction (F = 2p / (1 + p) at positive rate p) cannot pass for a trained edge detector."""
+    from manytask.tasks.dense_metrics import edge_meter
+
+    for index, look in enumerate(STYLES):
+        edges = render_scenes(sample_scenes([index] * 100, 0, "rate"), 32, ["texture_edges"])["texture_edges"]
+        rate = edges.mean().item()
+        assert 0.05 <= rate <= 0.15, (look.name, rate)
+        meter = edge_meter()
+        meter.update(torch.full_like(edges, 10.0), edges)  # logits: sigmoid ≈ 1 everywhere
+        assert meter.result()["odsf"] == pytest.approx(2 * rate / (1 + rate), abs=1e-6)
+        assert meter.result()["odsf"] < 0.27

@@ -154,8 +154,10 @@ def _safe(d: Tensor) -> Tensor:
 
 
 def _angle_u(p: Tensor, radius: Tensor) -> Tensor:
-    """Arc length around the vertical axis, seam at local +z (away from a camera looking along +z)."""
-    return radius * torch.atan2(p[..., 0], -p[..., 2])
+    """Arc length around the vertical axis, from 0 to 2π·radius, seam at local +z (away from a camera looking along
+    +z). Object uv start at 0 on a face's edge, not its centre: a texture cell boundary at the centre of every face
+    would cross every object whatever the texture's frequency."""
+    return radius * (torch.atan2(p[..., 0], -p[..., 2]) + torch.pi)
 
 
 def _zeros_like_rays(t: Tensor, channels: int) -> Tensor:
@@ -172,7 +174,7 @@ def sphere_hit(o: Tensor, d: Tensor, size: Tensor) -> Hit:
     t = torch.where(hit, t, torch.inf)
     p = o + torch.where(hit, t, 0.0)[..., None] * d
     radius = r.expand_as(t)
-    uv = torch.stack([_angle_u(p, radius), p[..., 1]], dim=-1)
+    uv = torch.stack([_angle_u(p, radius), p[..., 1] + radius], dim=-1)
     part = torch.where(p[..., 1] >= 0, 1, 2)
     curvature = torch.stack([1 / radius, 1 / radius], dim=-1)
     return Hit(t, p / r[..., None], uv, part, curvature)
@@ -182,7 +184,8 @@ def box_hit(o: Tensor, d: Tensor, size: Tensor) -> Hit:
     """Slab test against boxes with half-extents size (M, 3) centred at the local origin.
 
     The face hit is the axis whose entry slab is entered last; uv are the two in-face coordinates
-    (top/bottom: x, z; ±x faces: z, y; ±z faces: x, y). The top face (+y) is part 3, every other face part 4."""
+    (top/bottom: x, z; ±x faces: z, y; ±z faces: x, y), from the face's corner. The top face (+y) is part 3,
+    every other face part 4."""
     half, ds = size[:, None, :], _safe(d)
     t1, t2 = (-half - o) / ds, (half - o) / ds
     t_near, axis = torch.minimum(t1, t2).max(-1)
@@ -191,7 +194,9 @@ def box_hit(o: Tensor, d: Tensor, size: Tensor) -> Hit:
     t = torch.where(hit, t_near, torch.inf)
     p = o + torch.where(hit, t, 0.0)[..., None] * d
     normal = -torch.sign(ds) * torch.nn.functional.one_hot(axis, 3).to(d.dtype)
-    uv = torch.stack([torch.where(axis == 0, p[..., 2], p[..., 0]), torch.where(axis == 1, p[..., 2], p[..., 1])], -1)
+    corner = p + half  # in-face coordinates from the face's corner
+    uv = torch.stack([torch.where(axis == 0, corner[..., 2], corner[..., 0]),
+                      torch.where(axis == 1, corner[..., 2], corner[..., 1])], -1)
     part = torch.where(normal[..., 1] > 0, 3, 4)
     return Hit(t, normal, uv, part, _zeros_like_rays(t, 2))
 
@@ -199,7 +204,8 @@ def box_hit(o: Tensor, d: Tensor, size: Tensor) -> Hit:
 def cylinder_hit(o: Tensor, d: Tensor, size: Tensor) -> Hit:
     """Vertical cylinders of radius size[:, 0] and half-height size[:, 1] centred at the local origin, with caps.
 
-    Only the cap on the ray origin's side can be the nearest cap hit. Side uv: (arc length, height); caps: (x, z)."""
+    Only the cap on the ray origin's side can be the nearest cap hit. Side uv: (arc length, height above the base);
+    caps: (x, z) from the corner of the cap's bounding square."""
     r, hh = size[:, 0, None], size[:, 1, None]
     dx, dy, dz = d.unbind(-1)
     ox, oy, oz = o.unbind(-1)
@@ -218,7 +224,8 @@ def cylinder_hit(o: Tensor, d: Tensor, size: Tensor) -> Hit:
     side_normal = torch.stack([p[..., 0] / radius, torch.zeros_like(t), p[..., 2] / radius], -1)
     cap_normal = torch.stack([torch.zeros_like(t), torch.sign(cap_y).expand_as(t), torch.zeros_like(t)], -1)
     normal = torch.where(on_cap[..., None], cap_normal, side_normal)
-    uv = torch.where(on_cap[..., None], p[..., [0, 2]], torch.stack([_angle_u(p, radius), p[..., 1]], -1))
+    uv = torch.where(on_cap[..., None], p[..., [0, 2]] + radius[..., None],
+                     torch.stack([_angle_u(p, radius), p[..., 1] + hh], -1))
     k1 = torch.where(on_cap, 0.0, 1 / radius)
     return Hit(t, normal, uv, torch.where(on_cap, 5, 6), torch.stack([k1, torch.zeros_like(k1)], -1))
 

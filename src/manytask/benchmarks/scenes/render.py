@@ -85,35 +85,42 @@ def texture_cells(uv: Tensor, look: Look) -> tuple[Tensor, Tensor]:
     return cells, cells.sum(-1).remainder(2).to(uv.dtype)
 
 
-def _pairs_to_pixels(horizontal: Tensor, vertical: Tensor) -> Tensor:
-    """Mark both pixels of every flagged 4-neighbour pair: horizontal (N, H, W−1), vertical (N, H−1, W)."""
+def _boundary_pixels(horizontal: Tensor, vertical: Tensor, right: Tensor | None = None,
+                     lower: Tensor | None = None) -> Tensor:
+    """One pixel per flagged 4-neighbour pair, so a boundary is one pixel wide (as in NYUD's, BSDS's and PASCAL's
+    edge maps): the left one of a horizontal pair (N, H, W−1) and the upper one of a vertical pair (N, H−1, W),
+    or the right / lower one where `right` / `lower` (same shapes) say so."""
     n, h, w = horizontal.shape[0], vertical.shape[1] + 1, horizontal.shape[2] + 1
+    right = torch.zeros_like(horizontal) if right is None else right
+    lower = torch.zeros_like(vertical) if lower is None else lower
     out = torch.zeros((n, h, w), dtype=torch.bool)
-    out[:, :, 1:] |= horizontal
-    out[:, :, :-1] |= horizontal
-    out[:, 1:, :] |= vertical
-    out[:, :-1, :] |= vertical
+    out[:, :, :-1] |= horizontal & ~right
+    out[:, :, 1:] |= horizontal & right
+    out[:, :-1, :] |= vertical & ~lower
+    out[:, 1:, :] |= vertical & lower
     return out
 
 
 def label_edges(labels: Tensor) -> Tensor:
-    """(N, H, W) bool: pixels whose label vector (N, H, W, C) differs from a 4-neighbour's."""
+    """(N, H, W) bool: the boundaries between regions of different label vectors (N, H, W, C), one pixel wide
+    (`_boundary_pixels`: the left or upper pixel of every differing 4-neighbour pair)."""
     horizontal = (labels[:, :, 1:] != labels[:, :, :-1]).any(-1)
     vertical = (labels[:, 1:] != labels[:, :-1]).any(-1)
-    return _pairs_to_pixels(horizontal, vertical)
+    return _boundary_pixels(horizontal, vertical)
 
 
 def occlusion_edges(t: Tensor, surface: Tensor, reach: Tensor) -> Tensor:
-    """(N, H, W) bool: pixels with a 4-neighbour such that the two see different surfaces, the farther one's ray
-    misses the nearer one's surface (a silhouette, not a crease where surfaces meet, like floor and wall), and their
-    depths differ by more than EDGE_THRESHOLD of the nearer. Slanted planes, however steep in depth, give none.
+    """(N, H, W) bool: the occluding pixel (the nearer) of every 4-neighbour pair such that the two see different
+    surfaces, the farther one's ray misses the nearer one's surface (a silhouette, not a crease where surfaces meet,
+    like floor and wall), and their depths differ by more than EDGE_THRESHOLD of the nearer. Slanted planes,
+    however steep in depth, give none.
 
     t (N, H, W): depth, inf where nothing is hit; surface (N, H, W) ids; reach (N, S, H, W): every surface's ray
     parameter per pixel (inf: missed)."""
     horizontal = _silhouette(t[:, :, 1:], t[:, :, :-1], surface[:, :, 1:], surface[:, :, :-1], reach[..., 1:],
                              reach[..., :-1])
     vertical = _silhouette(t[:, 1:], t[:, :-1], surface[:, 1:], surface[:, :-1], reach[:, :, 1:], reach[:, :, :-1])
-    return _pairs_to_pixels(horizontal, vertical)
+    return _boundary_pixels(horizontal, vertical, t[:, :, 1:] < t[:, :, :-1], t[:, 1:] < t[:, :-1])
 
 
 def _silhouette(ta: Tensor, tb: Tensor, sa: Tensor, sb: Tensor, ra: Tensor, rb: Tensor) -> Tensor:
