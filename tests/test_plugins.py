@@ -111,7 +111,8 @@ def test_dea_client_uploads_sparse_top_k_deltas_and_the_server_restores_referenc
     upload = DeaClient(Replies(reply), None, params).fit(ClientContext(0, 0, {}, seed=1), Message.from_tensors(SENT))
     # one top-3 over [0.1, -0.5, 0, 2, 0.2, 0]: 2, -0.5, 0.2, times 2.
     assert {"backbone.w", "heads.a.w"}.isdisjoint(upload.arrays) and "buffer/bn.running_mean" in upload.arrays
-    assert upload.scalars == {"n/a": 10}
+    # c = ‖Δ̃‖ / ‖Δ‖ = sqrt((1 + 16 + 0.16) / (0.01 + 0.25 + 4 + 0.04)); the buffer is no update
+    assert upload.scalars == {"n/a": 10, "dea/inflation": pytest.approx((17.16 / 4.3) ** 0.5)}
     server = DeaServer(tiny_host(), None, params)
     server.host.sent = {0: SENT}
     restored = server.restore_reply(0, upload).tensors()

@@ -17,7 +17,7 @@ from manytask.search_space import Space, log_range
 
 class AdaptiveParams(HostParams):
     SEARCH_SPACE: ClassVar[Space] = {"server_lr": log_range(1e-3, 1.0), "tau": log_range(1e-5, 1e-1)}
-    server_lr: float = Field(default=0.01, gt=0, description="server learning rate η")
+    server_lr: float = Field(default=0.01, gt=0, description="server learning rate η of the adaptive rule")
     beta1: float = Field(default=0.9, ge=0, lt=1, description="first-moment decay β₁")
     beta2: float = Field(default=0.99, ge=0, lt=1, description="second-moment decay β₂ (adam, yogi)")
     tau: float = Field(default=1e-3, gt=0, description="adaptivity τ: v starts at τ², the step divides by √v + τ")
@@ -30,6 +30,10 @@ def _server(kind: Literal["adagrad", "adam", "yogi"]) -> type[RuleServer]:
         def build_rule(self) -> Adaptive:
             p = self.params
             return Adaptive(kind, p.server_lr, p.beta1, p.beta2, p.tau)
+
+        @property
+        def step_scale(self) -> float:
+            return 1.0  # `server_lr` is the adaptive rule's own η (Reddi et al.'s server learning rate)
 
     AdaptiveServer.__name__ = AdaptiveServer.__qualname__ = f"Fed{kind.capitalize()}Server"
     return AdaptiveServer

@@ -56,6 +56,10 @@ from manytask.seeding import derive_seed
 
 
 class HostParams(GuardParams):
+    server_lr: float = Field(
+        default=1.0, gt=0, description="server step size η_s: θ ← θ + η_s (θ' − θ) on the parameters, θ' the host "
+        "rule's result (1: the rule as published; FedDEA's control, docs/hosts_and_plugins.md)",
+    )
     per_task: bool = Field(default=False, description="train and upload one copy of the shared part per held task")
     shared_head: bool = Field(
         default=False, description="one-task clients over one label space share ONE head (one global model)"
@@ -246,8 +250,8 @@ class HostClient(HostModel, ClientProgram[HostParams]):
             if plan.update is not None:
                 self.keep_state(ctx, copy, plan.update, result.state)
         else:
-            model, module = self.models.take(ctx)
-            load_state(model, result.params)  # the rest keeps its initial values: no buffers, nothing frozen moves
+            # the rest keeps its initial values: no buffers, nothing frozen moves
+            model, module = self.models.take(ctx, result.params)
             copy = TrainedCopy(None, list(ctx.data), model, module, received, ctx.seed)
             self.conclude_copy(ctx, copy, result.report, tensors, scalars)
         return self.reply(ctx, tensors, scalars)
@@ -281,11 +285,10 @@ class HostClient(HostModel, ClientProgram[HostParams]):
 
     def start(self, ctx: ClientContext, received: dict[str, Tensor], tasks: list[str]) -> TrainedCopy:
         """A copy built from what was sent, with the client's local parameters (if any) over it."""
-        model, module = self.models.take(ctx)
+        model, module = self.models.take(ctx, received)
         name = tasks[0] if self.params.per_task else None
         seed = derive_seed(ctx.seed, *tasks) if self.params.per_task else ctx.seed
         copy = TrainedCopy(name, tasks, model, module, received, seed)
-        load_state(model, received)
         load_state(model, self.local_state(ctx, copy))
         return copy
 

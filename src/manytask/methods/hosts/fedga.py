@@ -33,7 +33,7 @@ from manytask.methods.base import ClientContext, MethodDef, Setup
 from manytask.methods.client_state import StatePart
 from manytask.methods.common.aggregation import fedavg_weights
 from manytask.methods.hosts.base import HostClient, HostParams, TrainedCopy
-from manytask.methods.hosts.server import Adjust, HostServer
+from manytask.methods.hosts.server import Adjust, HostServer, Rule
 from manytask.methods.registry import HOST, register_method
 from manytask.models.multitask import load_state
 from manytask.tasks.task import TaskSpec
@@ -126,7 +126,8 @@ class FedGaServer(HostServer):
         return {k: w * scale for k, w in fedavg_weights(keys, sizes).items()}
 
     def aggregate_replies(
-        self, round_index: int, replies: Mapping[int, Message | None], adjust: Adjust | None = None
+        self, round_index: int, replies: Mapping[int, Message | None], adjust: Adjust | None = None,
+        rule: Rule | None = None,
     ) -> dict[str, float]:
         """Adjust a_n from the reported gaps, then aggregate with the adjusted weights."""
         gaps = {c: float(r.scalars[GAP]) for c, r in replies.items() if r is not None and GAP in r.scalars}
@@ -135,7 +136,7 @@ class FedGaServer(HostServer):
             members = [self.clients.index(c) for c in gaps]
             values = torch.tensor(list(gaps.values()), dtype=torch.float64)
             self.parts[PART][WEIGHTS] = generalization_adjustment(self.weights, members, values, step)
-        return super().aggregate_replies(round_index, replies, adjust)
+        return super().aggregate_replies(round_index, replies, adjust, rule)
 
 
 register_method(

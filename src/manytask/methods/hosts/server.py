@@ -14,15 +14,16 @@ from torch import Tensor, nn
 from manytask.client.trainer import TaskData, evaluate
 from manytask.messages import Message
 from manytask.methods.base import Metrics, Setup
-from manytask.methods.common.aggregation import fedavg_weights, weighted_average
+from manytask.methods.common.aggregation import fedavg_weights, scaled_step, weighted_average
 from manytask.methods.common.global_model import GlobalModel, GlobalModelServer
 from manytask.methods.common.personal import check_shared_head
-from manytask.methods.common.updates import Update
+from manytask.methods.common.updates import Update, is_parameter
 from manytask.methods.common.wire import mean_train_losses
 from manytask.methods.hosts.base import HostModel, HostParams
 from manytask.models.multitask import ROLE_HEAD_PREFIX, is_buffer, load_state, state_keys, to_task, trainable_state
 
 Adjust = Callable[[int, list[Update]], list[Update]]
+Rule = Callable[[int, list[Update]], dict[str, float]]  # (round, updates) -> logs; moves the global model
 
 
 class HostServer(HostModel, GlobalModelServer[HostParams]):
@@ -66,9 +67,11 @@ class HostServer(HostModel, GlobalModelServer[HostParams]):
         return self.aggregate_replies(round_index, replies)
 
     def aggregate_replies(
-        self, round_index: int, replies: Mapping[int, Message | None], adjust: Adjust | None = None
+        self, round_index: int, replies: Mapping[int, Message | None], adjust: Adjust | None = None,
+        rule: Rule | None = None,
     ) -> dict[str, float]:
-        """Read the replies' updates, let `adjust` (a plug-in) change them, run the host's rule; log the clients'
+        """Read the replies' updates, let `adjust` (a plug-in) change them, run `rule` (the host's own,
+        `aggregate_updates`, unless a plug-in replaces it) and scale its step by `server_lr`; log the clients'
         training losses and whatever the rule logs."""
         received = {c: r for c, r in replies.items() if r is not None}
         if not received:
@@ -76,12 +79,24 @@ class HostServer(HostModel, GlobalModelServer[HostParams]):
         updates = self.read_updates(received)
         if adjust is not None:
             updates = adjust(round_index, updates)
-        log = self.aggregate_updates(round_index, updates)
+        before = dict(self.global_state)
+        log = (rule or self.aggregate_updates)(round_index, updates)
+        moved = {k: v for k, v in self.global_state.items() if v is not before.get(k) and is_parameter(k, v)}
+        self.global_state.update(scaled_step(before, moved, self.step_scale))
         self.model.changed()
         return {**mean_train_losses(list(received.values())), **log}
 
+    @property
+    def step_scale(self) -> float:
+        """η_s of the server step control (`server_lr`)."""
+        return self.params.server_lr
+
     def aggregate_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
-        """FedAvg (`GlobalModel.average`)."""
+        """The host's rule; here FedAvg (`average_updates`)."""
+        return self.average_updates(round_index, updates)
+
+    def average_updates(self, round_index: int, updates: list[Update]) -> dict[str, float]:
+        """FedAvg (`GlobalModel.average`): θ ← Σ_n w_n θ_n / Σ_n w_n = θ + Σ_n w_n Δ_n / Σ_n w_n per parameter."""
         self.model.average(updates)
         return {}
 

@@ -2,9 +2,10 @@
 
 - Client side, the host trains and replies; the plug-in may rewrite the reply (`transform_reply`: DEA's sparse
   upload). It sees (reference, trained) pairs through the update convention (`common.updates`).
-- Server side, the plug-in may restore each reply (`restore_reply`: DEA's sparse deltas back to dense values) and
+- Server side, the plug-in may restore each reply (`restore_reply`: DEA's sparse deltas back to dense values),
   adjust the host's `Update`s before the host's own rule runs (`adjust`: PCGrad's projections, FedHEAL's masks and
-  weights). Everything else (participants, payloads, evaluation) is the host's.
+  weights), and replace that rule (`rule`: DEA's `rule: paper`). Everything else (participants, payloads,
+  evaluation) is the host's.
 A plug-in's own server state lives under `plugin/` in the checkpoint, next to the host's.
 """
 
@@ -23,7 +24,7 @@ from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, ServerProgram, Setup
 from manytask.methods.client_state import StateSchema
 from manytask.methods.common.updates import Update
-from manytask.methods.hosts.server import HostServer
+from manytask.methods.hosts.server import HostServer, Rule
 from manytask.registry import Params
 
 PLUGIN_PREFIX = "plugin/"
@@ -84,7 +85,7 @@ class PluginServer(ServerProgram[P], Generic[P]):
         self.log = {}
         restored = {c: None if r is None else self.restored_reply(c, r) for c, r in replies.items()}
         self.restored = {}
-        return {**self.host.aggregate_replies(round_index, restored, self.adjust), **self.log}
+        return {**self.host.aggregate_replies(round_index, restored, self.adjust, self.rule()), **self.log}
 
     def reply_problem(self, client: int, reply: Message) -> str | None:
         """The host's rule, on the reply as the host would get it; a reply the plug-in cannot restore is refused."""
@@ -112,6 +113,10 @@ class PluginServer(ServerProgram[P], Generic[P]):
     def adjust(self, round_index: int, updates: list[Update]) -> list[Update]:
         """The updates the host aggregates (default: unchanged)."""
         return updates
+
+    def rule(self) -> Rule | None:
+        """The rule that moves the global model in place of the host's (default: None, the host's own)."""
+        return None
 
     def evaluate(self, test: TaskData) -> Metrics | None:
         return self.host.evaluate(test)

@@ -9,11 +9,19 @@ per parameter group (a head only over its task's holders).
 Choices the paper leaves open: masking runs on the client, so the upload is sparse (`common.updates` codecs) and
 the engine's byte counts show the saving; an array that DEA leaves unchanged (every array at ρ = 1) travels as
 the host sent it, so ρ = 1 is exactly the host, bytes included.
+
+The paper aggregates Δ̃ by its eq. 6, a plain weighted sum, and never says what a stateful host (FedDyn's h,
+FedACG's momentum) does with it. `rule: host` (the default) feeds Δ̃ to the host's own rule; `rule: paper` moves the
+global model by eq. 6 instead, θ ← θ + Σ_k w_k Δ̃_k / Σ_k w_k, and the host's server rule does not run (its state
+stays where it started). The 1/ρ rescale does not preserve a top-k update's norm: each client reports
+c = ‖Δ̃‖ / ‖Δ‖ over its copies, and the server logs the round's mean as `dea/inflation`, the factor a host's own
+`server_lr` needs for the control "host × c" (docs/hosts_and_plugins.md).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import ClassVar, Literal
 
 import torch
@@ -22,7 +30,8 @@ from torch import Tensor
 
 from manytask.messages import Message
 from manytask.methods.base import ClientContext
-from manytask.methods.common.updates import copy_groups, delta, densify, encode_sparse
+from manytask.methods.common.updates import Update, copy_groups, delta, delta_norm, densify, encode_sparse
+from manytask.methods.hosts.server import Rule
 from manytask.methods.plugins.base import PluginClient, PluginServer
 from manytask.methods.registry import PluginDef, register_plugin
 from manytask.registry import Params
@@ -38,6 +47,13 @@ class DeaParams(Params):
     rho: float = Field(default=0.3, gt=0, le=1, description="selection ratio ρ: the fraction of entries kept")
     select: Select = Field(default="largest", description="entries kept: largest |Δ| (DEA), smallest, or random")
     rescale: bool = Field(default=True, description="rescale the kept entries by 1/ρ (recalibration)")
+    rule: Literal["host", "paper"] = Field(
+        default="host", description="how the server applies Δ̃: the host's own rule (host), or the paper's eq. 6, "
+        "θ + the weighted mean of Δ̃, in place of it (paper)",
+    )
+
+
+INFLATION = "dea/inflation"  # a reply's c = ‖Δ̃‖ / ‖Δ‖ (mean over its copies); the round's mean is logged as well
 
 
 def kept_count(rho: float, size: int) -> int:
@@ -75,13 +91,19 @@ class DeaClient(PluginClient[DeaParams]):
     def transform_reply(self, ctx: ClientContext, payload: Message, reply: Message) -> Message:
         sent, arrays = payload.tensors(), reply.tensors()
         changed: dict[str, Tensor] = {}
+        inflations = []
         for name, keys in copy_groups(arrays).items():
             deltas = delta(sent, {k: arrays[k] for k in keys})
-            changed.update(self.decoupled(deltas, torch_generator(ctx.seed, "dea", name or "")))
+            decoupled = self.decoupled(deltas, torch_generator(ctx.seed, "dea", name or ""))
+            changed.update(decoupled)
+            inflations.append(inflation(deltas, decoupled))
         upload = {k: v for k, v in arrays.items() if k not in changed}
         for key, change in changed.items():
             upload.update(encode_sparse(key, change))
-        return Message.from_tensors(upload, scalars=reply.scalars)
+        scalars = dict(reply.scalars)
+        if self.params.rho < 1:  # at ρ = 1 DEA is the host, bytes included
+            scalars[INFLATION] = sum(inflations) / len(inflations)
+        return Message.from_tensors(upload, scalars=scalars)
 
     def decoupled(self, deltas: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
         """One copy's deltas, flattened in key order, through `dea`: Δ̃ of every array that DEA changed."""
@@ -94,11 +116,28 @@ class DeaClient(PluginClient[DeaParams]):
                 if not torch.equal(after, before.reshape(-1))}
 
 
+def inflation(deltas: Mapping[str, Tensor], decoupled: Mapping[str, Tensor]) -> float:
+    """c = ‖Δ̃‖ / ‖Δ‖ of one copy (`decoupled` holds the arrays DEA changed, the others are Δ itself); 1 for a
+    zero update."""
+    before = delta_norm(deltas)
+    return 1.0 if before == 0 else delta_norm({**deltas, **decoupled}) / before
+
+
 class DeaServer(PluginServer[DeaParams]):
-    """Restores each sparse reply to reference + Δ̃ against what its client was sent; the host aggregates."""
+    """Restores each sparse reply to reference + Δ̃ against what its client was sent; the host aggregates, or eq. 6
+    does (`rule: paper`). Logs the round's mean norm inflation c."""
 
     def restore_reply(self, client: int, reply: Message) -> Message:
         return Message.from_tensors(densify(reply.tensors(), self.host.sent[client]), scalars=reply.scalars)
+
+    def adjust(self, round_index: int, updates: list[Update]) -> list[Update]:
+        by_client = {u.client: float(u.scalars[INFLATION]) for u in updates if INFLATION in u.scalars}
+        if by_client:
+            self.log[INFLATION] = sum(by_client.values()) / len(by_client)
+        return updates
+
+    def rule(self) -> Rule | None:
+        return self.host.average_updates if self.params.rule == "paper" else None
 
 
 register_plugin(
