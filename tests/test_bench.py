@@ -62,3 +62,23 @@ def test_interleaved_runs_take_turns_and_report_their_fastest_block(monkeypatch)
     seconds = bench.interleaved_seconds({"a": runner("a"), "b": runner("b")}, rounds=2, repeats=3)
     assert calls == [("a", 1), ("b", 1)] + [("a", 2), ("b", 2)] * 3
     assert seconds == {"a": 1.0, "b": 4.0}  # the fastest block per round: b's burst of load (50) is left out
+
+
+def test_paired_rounds_rotate_the_order_and_the_ratio_is_the_median_over_turns(monkeypatch):
+    from manytask import bench
+
+    clock, calls = [0.0], []
+    # warm-up, then four turns; in turn 2 the machine is twice as slow for both, in turn 3 a burst hits a alone
+    costs = {"a": iter([9.0, 1.1, 2.2, 50.0, 1.1]), "b": iter([9.0, 1.0, 2.0, 1.0, 1.0])}
+
+    def runner(name):
+        def run(count):
+            calls.append(name)
+            clock[0] += next(costs[name]) * count
+        return run
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    seconds = bench.paired_rounds({"a": runner("a"), "b": runner("b")}, turns=4)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
+    assert seconds["a"] == pytest.approx([1.1, 2.2, 50.0, 1.1]) and seconds["b"] == pytest.approx([1.0, 2.0, 1.0, 1.0])
+    assert bench.paired_ratio(seconds["a"], seconds["b"]) == pytest.approx(1.1)

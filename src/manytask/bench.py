@@ -13,11 +13,12 @@ import importlib.util
 import json
 import math
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,30 @@ def interleaved_seconds(runs: Mapping[str, Callable[[int], Any]], rounds: int, r
             run(rounds)
             blocks[name].append((time.perf_counter() - began) / rounds)
     return {name: min(seconds) for name, seconds in blocks.items()}
+
+
+def paired_rounds(runs: Mapping[str, Callable[[int], Any]], turns: int) -> dict[str, list[float]]:
+    """Seconds of single rounds of each run (a function that runs its next `count` rounds), side by side: after one
+    warm-up round each, `turns` turns in which every run does one round, the order rotating from turn to turn."""
+    for run in runs.values():
+        run(1)
+    names = list(runs)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for turn in range(turns):
+        shift = turn % len(names)
+        for name in names[shift:] + names[:shift]:
+            began = time.perf_counter()
+            runs[name](1)
+            seconds[name].append(time.perf_counter() - began)
+    return seconds
+
+
+def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
+    """The median over turns of one run's round / the other's in the same turn (`paired_rounds`). On a shared VM
+    whose speed drifts by tens of percent from minute to minute, both rounds of a turn run at about the same speed,
+    and a burst of load spoils one turn's ratio, not the figure; the fastest blocks of each run, taken apart, may
+    come from different minutes."""
+    return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
 
 
 @contextmanager
@@ -308,7 +333,7 @@ def run_bench(
         raise unknown_choice("bench part", unknown[0], PARTS)
     measures: dict[str, tuple[str, Callable[[], Any]]] = {
         "kernels_per_round": ("kernels", kernel_table),
-        "compute_limit": ("limit", lambda: compute_limit(rounds=rounds)),
+        "compute_limit": ("limit", lambda: compute_limit(turns=3 * rounds)),
         "engine_overhead": ("engine", lambda: engine_overhead(rounds=rounds)),
         "parallel_clients": ("workers", lambda: parallel_speedup(rounds=rounds)),
         "peak_memory": ("memory", peak_memory),
@@ -340,9 +365,10 @@ def _limit_table(limit: dict) -> BenchTable:
         ["clients", "batched s/round", "concatenated s/round", "batched / concatenated", "sequential s/round",
          "bare sequential s/round", "sequential / bare"],
         [[str(limit["clients"]), f"{limit['batched_s_per_round']:.4f}", f"{limit['concatenated_s_per_round']:.4f}",
-          f"{limit['batched_ratio']:.2f}", f"{limit['sequential_s_per_round']:.4f}",
-          f"{limit['bare_s_per_round']:.4f}", f"{limit['sequential_ratio']:.2f}"]],
-        f"the compute limit (SFMTL's CNN on {limit['source']}, {limit['steps']} local steps, FedAvg, 1 thread)")
+          f"{limit['batched_ratio']:.3f}", f"{limit['sequential_s_per_round']:.4f}",
+          f"{limit['bare_s_per_round']:.4f}", f"{limit['sequential_ratio']:.3f}"]],
+        f"the compute limit (SFMTL's CNN on {limit['source']}, {limit['steps']} local steps, FedAvg, 1 thread; "
+        f"median rounds and median paired ratios over {limit['turns']} turns)")
 
 
 def _engine_table(rows: list[dict]) -> BenchTable:

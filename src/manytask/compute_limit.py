@@ -15,6 +15,7 @@ machinery:
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -128,18 +129,19 @@ def sequential_runner(rounds: int) -> Callable[[int], None]:
     return run
 
 
-def compute_limit(rounds: int = 3, repeats: int = 3) -> dict[str, Any]:
-    """Seconds per round of the engine (batched, sequential) and of both limits, side by side (one torch thread),
-    and the two ratios the project holds: batched / concatenated ≤ 1.5, sequential / bare sequential ≤ 1.05."""
-    from manytask.bench import engine_runner, interleaved_seconds
+def compute_limit(turns: int = 15) -> dict[str, Any]:
+    """Seconds per round of the engine (batched, sequential) and of both limits (one torch thread), single rounds
+    side by side (`paired_rounds`: the median round of each), and the two ratios the project holds, each the median
+    over turns of the paired rounds' ratio: batched / concatenated ≤ 1.5, sequential / bare sequential ≤ 1.05."""
+    from manytask.bench import engine_runner, paired_ratio, paired_rounds
 
     torch.set_num_threads(1)
-    total = rounds * repeats + 3
+    total = turns + 3
     with engine_runner(limit_config("vectorized", total)) as batched, \
             engine_runner(limit_config("sequential", total)) as sequential:
-        seconds = interleaved_seconds({"batched": batched, "concatenated": concatenated_runner(total),
-                                       "sequential": sequential, "bare": sequential_runner(total)}, rounds, repeats)
-    return {"clients": CLIENTS, "steps": STEPS, "source": source(), **{f"{k}_s_per_round": v for k, v in
-                                                                         seconds.items()},
-            "batched_ratio": seconds["batched"] / seconds["concatenated"],
-            "sequential_ratio": seconds["sequential"] / seconds["bare"]}
+        seconds = paired_rounds({"batched": batched, "concatenated": concatenated_runner(total),
+                                 "sequential": sequential, "bare": sequential_runner(total)}, turns)
+    return {"clients": CLIENTS, "steps": STEPS, "source": source(), "turns": turns,
+            **{f"{k}_s_per_round": statistics.median(v) for k, v in seconds.items()},
+            "batched_ratio": paired_ratio(seconds["batched"], seconds["concatenated"]),
+            "sequential_ratio": paired_ratio(seconds["sequential"], seconds["bare"])}
