@@ -57,10 +57,12 @@ def random_weight(generator: torch.Generator) -> float | torch.Tensor:
     return [scale, scale, torch.rand(3, 2, generator=generator, dtype=torch.float64) + 0.1, torch.tensor(scale)][kind]
 
 
-@pytest.mark.parametrize("block_rows", [None, 1, 2])  # stacked sums in blocks of that many updates (None: one)
-def test_weighted_average_is_bit_identical_to_running_float64_sums(monkeypatch, block_rows):
+# stacked sums in blocks of that many updates (None: one), in column chunks of that many entries
+@pytest.mark.parametrize(("block_rows", "columns"), [(None, 1 << 14), (1, 1 << 14), (2, 1 << 14), (None, 4), (1, 1)])
+def test_weighted_average_is_bit_identical_to_running_float64_sums(monkeypatch, block_rows, columns):
+    monkeypatch.setattr(aggregation, "SUM_COLUMNS", columns)
     if block_rows is not None:
-        monkeypatch.setattr(aggregation, "SUM_BLOCK_BYTES", 8 * 6 * block_rows)
+        monkeypatch.setattr(aggregation, "SUM_BLOCK_BYTES", 8 * min(6, columns) * block_rows)
     generator = torch.Generator().manual_seed(0)
     for _ in range(200):
         uniform = bool(torch.rand(1, generator=generator) < 0.5)  # one dtype, float weights: the stacked path
@@ -162,3 +164,14 @@ def test_fedadam_checkpoints_its_moments_and_refuses_unknown_server_state(tmp_pa
     server.load_state_dict(state)
     with pytest.raises(ValueError, match="unknown server state 'mm'"):
         server.load_state_dict({**state, "part/mm/x": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 7)])
+def test_the_stacked_float64_sum_of_float32_values_in_column_chunks_is_the_running_sum(monkeypatch, shape):
+    monkeypatch.setattr(aggregation, "SUM_COLUMNS", 4)
+    generator = torch.Generator().manual_seed(1)
+    updates = [{"w": torch.randn(shape, generator=generator) * 10.0 ** k} for k in range(-3, 4)]
+    weights = [{"w": float(torch.rand(1, generator=generator)) * 50} for _ in updates]
+    out, expected = weighted_average(updates, weights)["w"], reference_average(updates, weights)["w"]
+    assert out.dtype == torch.float32 and out.shape == torch.Size(shape)
+    assert out.numpy().tobytes() == expected.numpy().tobytes()

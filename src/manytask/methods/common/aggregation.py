@@ -47,13 +47,17 @@ def weighted_average(
 # heap (`engine/heap.py`), so a block reuses freed memory instead of mapping fresh pages every round (64 MiB
 # blocks made the aggregation of a 20-client round of the SFMTL CNN twice as slow, for the same bits)
 SUM_BLOCK_BYTES = 1 << 24
+# entries per column chunk of a stacked sum: 20 clients' float64 terms of one chunk (2.6 MB) stay in the cache
+# between the stack, the scaling and the sum, which made the float64 average of the SFMTL CNN's 20-client round
+# 2.5× faster than whole rows; the op count grows with a key's size, never with the number of clients
+SUM_COLUMNS = 1 << 14
 
 
 def _ordered_sum(values: list[Tensor], scales: list[Weight]) -> Tensor:
     """Σ_n w_n · float64(v_n), added one term after the other in the order given. On the CPU, values of one shape
-    and dtype with float weights are stacked (in blocks of at most `SUM_BLOCK_BYTES`), scaled, and added into the
-    first term by `index_add_`, whose CPU kernel adds the rows one after the other: the same bits as a loop of adds,
-    in a few ops per key instead of a few per update."""
+    and dtype with float weights are stacked (in chunks of `SUM_COLUMNS` entries and blocks of at most
+    `SUM_BLOCK_BYTES`), scaled, and added into the first term by `index_add_`, whose CPU kernel adds the rows one
+    after the other: the same bits as a loop of adds, in a few ops per chunk instead of a few per update."""
     first = values[0]
     if first.device.type == "cpu" and all(type(w) is float for w in scales) and all(
             v.shape == first.shape and v.dtype == first.dtype for v in values):
@@ -72,16 +76,21 @@ def row_blocks(count: int, row_bytes: int) -> list[slice]:
 
 
 def _stacked_sum(values: list[Tensor], scales: list[float]) -> Tensor:
-    total: Tensor | None = None
-    for block in row_blocks(len(values), 8 * values[0].numel()):
-        rows = values[block]
-        terms = torch.stack(rows, out=torch.empty((len(rows), *rows[0].shape), dtype=torch.float64))  # cast on copy
-        terms.mul_(torch.tensor(scales[block], dtype=torch.float64).view(-1, *[1] * terms[0].dim()))
-        if total is None:
-            total, terms = terms[0].clone(), terms[1:]
-        total.unsqueeze(0).index_add_(0, torch.zeros(len(terms), dtype=torch.long), terms)
-    assert total is not None
-    return total
+    flat = [v.reshape(-1) for v in values]
+    out = torch.empty(flat[0].numel(), dtype=torch.float64)
+    weights = torch.tensor(scales, dtype=torch.float64).view(-1, 1)
+    for start in range(0, len(out), SUM_COLUMNS):
+        total = out[start:start + SUM_COLUMNS]
+        width = len(total)
+        for block in row_blocks(len(flat), 8 * width):
+            rows = [f[start:start + width] for f in flat[block]]
+            terms = torch.stack(rows, out=torch.empty((len(rows), width), dtype=torch.float64))  # cast on copy
+            terms.mul_(weights[block])
+            if block.start == 0:
+                total.copy_(terms[0])
+                terms = terms[1:]
+            total.unsqueeze(0).index_add_(0, torch.zeros(len(terms), dtype=torch.long), terms)
+    return out.view(values[0].shape)
 
 
 def scaled_step(before: Mapping[str, Tensor], after: Mapping[str, Tensor], eta: float) -> dict[str, Tensor]:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from manytask.methods.common.aggregation import row_blocks
+from manytask.methods.common.aggregation import SUM_COLUMNS, row_blocks
 from manytask.methods.common.updates import copy_groups, is_parameter, reference_key
 
 MIN_REPLIES = 3
@@ -43,22 +43,27 @@ def update_norms(sent: Mapping[int, Mapping[str, Tensor]], replies: Mapping[int,
                     group[2].append((client, copy))
     squares: dict[tuple[int, str | None], float] = {}
     for reference, arrays, owners in groups.values():
-        for owner, distance in zip(owners, _distances(reference, arrays).double().square().tolist(), strict=True):
-            squares[owner] = squares.get(owner, 0.0) + distance
+        for owner, square in zip(owners, _squared_distances(reference, arrays).tolist(), strict=True):
+            squares[owner] = squares.get(owner, 0.0) + square
     norms = dict.fromkeys(replies, 0.0)
     for (client, _), square in squares.items():
         norms[client] = max(norms[client], math.sqrt(square))
     return norms
 
 
-def _distances(reference: Tensor, arrays: list[Tensor]) -> Tensor:
-    """‖array − reference‖₂ of each array: stacked in blocks (`row_blocks`), the reference subtracted in place."""
-    distances = []
-    for rows in row_blocks(len(arrays), reference.numel() * reference.element_size()):
-        block = torch.stack(arrays[rows])
-        block.sub_(reference)
-        distances.append(torch.linalg.vector_norm(block.reshape(len(block), -1), dim=1))
-    return distances[0] if len(distances) == 1 else torch.cat(distances)
+def _squared_distances(reference: Tensor, arrays: list[Tensor]) -> Tensor:
+    """‖array − reference‖₂² of each array, in float64: stacked in column chunks (`SUM_COLUMNS`, which stay in the
+    cache) and row blocks (`row_blocks`), the reference subtracted in place, each chunk's norms squared and
+    summed."""
+    target, flats = reference.reshape(-1), [a.reshape(-1) for a in arrays]
+    squares = torch.zeros(len(arrays), dtype=torch.float64)
+    for start in range(0, len(target), SUM_COLUMNS):
+        chunk = target[start:start + SUM_COLUMNS]
+        for rows in row_blocks(len(flats), chunk.numel() * chunk.element_size()):
+            block = torch.stack([f[start:start + len(chunk)] for f in flats[rows]])
+            block.sub_(chunk)
+            squares[rows] += torch.linalg.vector_norm(block, dim=1).double().square()
+    return squares
 
 
 def _memory(tensor: Tensor) -> tuple:
