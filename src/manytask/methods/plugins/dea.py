@@ -21,7 +21,6 @@ c = ‖Δ̃‖ / ‖Δ‖ over its copies, and the server logs the round's mean 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import ClassVar, Literal
 
 import torch
@@ -30,7 +29,7 @@ from torch import Tensor
 
 from manytask.messages import Message
 from manytask.methods.base import ClientContext
-from manytask.methods.common.updates import Update, copy_groups, delta, delta_norm, densify, encode_sparse
+from manytask.methods.common.updates import Update, copy_groups, delta, densify, encode_sparse
 from manytask.methods.hosts.server import Rule
 from manytask.methods.plugins.base import PluginClient, PluginServer
 from manytask.methods.registry import PluginDef, register_plugin
@@ -94,33 +93,29 @@ class DeaClient(PluginClient[DeaParams]):
         inflations = []
         for name, keys in copy_groups(arrays).items():
             deltas = delta(sent, {k: arrays[k] for k in keys})
-            decoupled = self.decoupled(deltas, torch_generator(ctx.seed, "dea", name or ""))
+            decoupled, inflation = self.decoupled(deltas, torch_generator(ctx.seed, "dea", name or ""))
             changed.update(decoupled)
-            inflations.append(inflation(deltas, decoupled))
+            inflations.append(inflation)
         upload = {k: v for k, v in arrays.items() if k not in changed}
         for key, change in changed.items():
             upload.update(encode_sparse(key, change))
         scalars = dict(reply.scalars)
-        if self.params.rho < 1:  # at ρ = 1 DEA is the host, bytes included
-            scalars[INFLATION] = sum(inflations) / len(inflations)
+        if self.params.rho < 1 and inflations:  # at ρ = 1 DEA is the host, bytes included
+            scalars[INFLATION] = float(torch.stack(inflations).mean())  # read once per client, with its reply
         return Message.from_tensors(upload, scalars=scalars)
 
-    def decoupled(self, deltas: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
-        """One copy's deltas, flattened in key order, through `dea`: Δ̃ of every array that DEA changed."""
+    def decoupled(self, deltas: dict[str, Tensor], generator: torch.Generator) -> tuple[dict[str, Tensor], Tensor]:
+        """One copy's deltas, flattened in key order, through `dea`: (Δ̃ of every array that DEA changed, the norm
+        inflation c = ‖Δ̃‖ / ‖Δ‖ as a float64 tensor, 1 for a zero update)."""
         if not deltas:
-            return {}
-        flat = dea(torch.cat([d.reshape(-1) for d in deltas.values()]), self.params.rho, self.params.select,
-                   self.params.rescale, generator)
-        pieces = flat.split([d.numel() for d in deltas.values()])
-        return {key: after.reshape(before.shape) for (key, before), after in zip(deltas.items(), pieces, strict=True)
-                if not torch.equal(after, before.reshape(-1))}
-
-
-def inflation(deltas: Mapping[str, Tensor], decoupled: Mapping[str, Tensor]) -> float:
-    """c = ‖Δ̃‖ / ‖Δ‖ of one copy (`decoupled` holds the arrays DEA changed, the others are Δ itself); 1 for a
-    zero update."""
-    before = delta_norm(deltas)
-    return 1.0 if before == 0 else delta_norm({**deltas, **decoupled}) / before
+            return {}, torch.ones((), dtype=torch.float64)
+        flat = torch.cat([d.reshape(-1) for d in deltas.values()])
+        out = dea(flat, self.params.rho, self.params.select, self.params.rescale, generator)
+        before, after = (torch.linalg.vector_norm(v, dtype=torch.float64) for v in (flat, out))
+        inflation = torch.where(before > 0, after / before, 1.0)
+        pieces = out.split([d.numel() for d in deltas.values()])
+        return {key: new.reshape(old.shape) for (key, old), new in zip(deltas.items(), pieces, strict=True)
+                if not torch.equal(new, old.reshape(-1))}, inflation
 
 
 class DeaServer(PluginServer[DeaParams]):
