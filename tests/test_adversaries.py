@@ -93,9 +93,7 @@ def test_bad_adversary_settings_are_refused_before_anything_runs(adversaries):
 # the replies' arrays stacked at once, or two at a time; in column chunks of 2^14 entries, or of one
 @pytest.mark.parametrize(("block_bytes", "columns"), [(None, 1 << 14), (8, 1 << 14), (None, 1), (8, 1)])
 def test_the_guard_refuses_updates_far_beyond_the_median(monkeypatch, block_bytes, columns):
-    from manytask.methods.common import guard
-
-    monkeypatch.setattr(guard, "SUM_COLUMNS", columns)
+    monkeypatch.setattr(aggregation, "SUM_COLUMNS", columns)
     if block_bytes is not None:
         monkeypatch.setattr(aggregation, "SUM_BLOCK_BYTES", block_bytes)
     sent = {"w": torch.zeros(2), "b": torch.ones(1)}

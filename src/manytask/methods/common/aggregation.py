@@ -3,7 +3,7 @@ average over the updates that contain a parameter."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -75,21 +75,30 @@ def row_blocks(count: int, row_bytes: int) -> list[slice]:
     return [slice(start, start + rows) for start in range(0, count, rows)]
 
 
+def stacked_chunks(flats: list[Tensor], dtype: torch.dtype | None = None) -> Iterator[tuple[slice, slice, Tensor]]:
+    """(columns, rows, the rows' flat values at those columns stacked, in `dtype` if given) over column chunks of
+    `SUM_COLUMNS` entries and, within each, row blocks of at most `SUM_BLOCK_BYTES` (`row_blocks`)."""
+    size = flats[0].numel()
+    element = torch.empty((), dtype=dtype or flats[0].dtype).element_size()
+    for start in range(0, size, SUM_COLUMNS):
+        columns = slice(start, min(start + SUM_COLUMNS, size))
+        width = columns.stop - start
+        for rows in row_blocks(len(flats), element * width):
+            pieces = [f[columns] for f in flats[rows]]
+            out = None if dtype is None else torch.empty((len(pieces), width), dtype=dtype)  # cast on copy
+            yield columns, rows, torch.stack(pieces, out=out)
+
+
 def _stacked_sum(values: list[Tensor], scales: list[float]) -> Tensor:
-    flat = [v.reshape(-1) for v in values]
-    out = torch.empty(flat[0].numel(), dtype=torch.float64)
+    out = torch.empty(values[0].numel(), dtype=torch.float64)
     weights = torch.tensor(scales, dtype=torch.float64).view(-1, 1)
-    for start in range(0, len(out), SUM_COLUMNS):
-        total = out[start:start + SUM_COLUMNS]
-        width = len(total)
-        for block in row_blocks(len(flat), 8 * width):
-            rows = [f[start:start + width] for f in flat[block]]
-            terms = torch.stack(rows, out=torch.empty((len(rows), width), dtype=torch.float64))  # cast on copy
-            terms.mul_(weights[block])
-            if block.start == 0:
-                total.copy_(terms[0])
-                terms = terms[1:]
-            total.unsqueeze(0).index_add_(0, torch.zeros(len(terms), dtype=torch.long), terms)
+    for columns, rows, terms in stacked_chunks([v.reshape(-1) for v in values], torch.float64):
+        terms.mul_(weights[rows])
+        total = out[columns]
+        if rows.start == 0:
+            total.copy_(terms[0])
+            terms = terms[1:]
+        total.unsqueeze(0).index_add_(0, torch.zeros(len(terms), dtype=torch.long), terms)
     return out.view(values[0].shape)
 
 

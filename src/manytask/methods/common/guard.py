@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from manytask.methods.common.aggregation import SUM_COLUMNS, row_blocks
+from manytask.methods.common.aggregation import stacked_chunks
 from manytask.methods.common.updates import copy_groups, is_parameter, reference_key
 
 MIN_REPLIES = 3
@@ -52,17 +52,13 @@ def update_norms(sent: Mapping[int, Mapping[str, Tensor]], replies: Mapping[int,
 
 
 def _squared_distances(reference: Tensor, arrays: list[Tensor]) -> Tensor:
-    """‖array − reference‖₂² of each array, in float64: stacked in column chunks (`SUM_COLUMNS`, which stay in the
-    cache) and row blocks (`row_blocks`), the reference subtracted in place, each chunk's norms squared and
-    summed."""
-    target, flats = reference.reshape(-1), [a.reshape(-1) for a in arrays]
+    """‖array − reference‖₂² of each array, in float64: stacked in chunks that stay in the cache
+    (`stacked_chunks`), the reference subtracted in place, each chunk's norms squared and summed."""
+    target = reference.reshape(-1)
     squares = torch.zeros(len(arrays), dtype=torch.float64)
-    for start in range(0, len(target), SUM_COLUMNS):
-        chunk = target[start:start + SUM_COLUMNS]
-        for rows in row_blocks(len(flats), chunk.numel() * chunk.element_size()):
-            block = torch.stack([f[start:start + len(chunk)] for f in flats[rows]])
-            block.sub_(chunk)
-            squares[rows] += torch.linalg.vector_norm(block, dim=1).double().square()
+    for columns, rows, block in stacked_chunks([a.reshape(-1) for a in arrays]):
+        block.sub_(target[columns])
+        squares[rows] += torch.linalg.vector_norm(block, dim=1).double().square()
     return squares
 
 

@@ -79,10 +79,11 @@ class HostServer(HostModel, GlobalModelServer[HostParams]):
         updates = self.read_updates(received)
         if adjust is not None:
             updates = adjust(round_index, updates)
-        before = dict(self.global_state)
+        before = dict(self.global_state) if self.step_scale != 1 else {}
         log = (rule or self.aggregate_updates)(round_index, updates)
-        moved = {k: v for k, v in self.global_state.items() if v is not before.get(k) and is_parameter(k, v)}
-        self.global_state.update(scaled_step(before, moved, self.step_scale))
+        if before:
+            moved = {k: v for k, v in self.global_state.items() if v is not before.get(k) and is_parameter(k, v)}
+            self.global_state.update(scaled_step(before, moved, self.step_scale))
         self.model.changed()
         return {**mean_train_losses(list(received.values())), **log}
 
