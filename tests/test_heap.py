@@ -23,8 +23,11 @@ def test_the_heap_is_frozen_during_a_run_and_handed_back_after_it():
         assert gc.get_freeze_count() > 0
         assert not any(o is existing for o in gc.get_objects())  # frozen objects are not scanned
         with heap.settled_heap():
-            inner = gc.get_freeze_count()
-        assert gc.get_freeze_count() == inner > 0  # the inner run did not unfreeze the outer one's heap
+            pass
+        # the inner run did not unfreeze the outer one's heap (the count itself is no witness: a frozen object
+        # that another thread frees, such as the test runner's, leaves the frozen generation)
+        assert gc.get_freeze_count() > 0
+        assert not any(o is existing for o in gc.get_objects())
     assert gc.get_freeze_count() == 0
     assert any(o is existing for o in gc.get_objects())
 
