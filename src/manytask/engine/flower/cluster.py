@@ -24,6 +24,7 @@ QUIET_FLOWER = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
 }
 HOST = "127.0.0.1"
+REGISTERED = "SuperNode ID:"  # what a SuperNode logs once the SuperLink has given it its node ID
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,19 @@ def wait_for_port(port: int, timeout: float, process: subprocess.Popen, log: Pat
     raise ManytaskError(f"nothing listened on {HOST}:{port} within {timeout:.0f} s; see {log}.")
 
 
+def wait_for_log_line(text: str, timeout: float, process: subprocess.Popen, log: Path) -> None:
+    """Until a daemon's log has a line with `text` (it reads the log from the start each time: logs here are
+    a few lines long when this is called)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ManytaskError(f"a Flower daemon exited at start (code {process.returncode}); see {log}.")
+        if text in log.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    raise ManytaskError(f"no '{text}' in {log} within {timeout:.0f} s.")
+
+
 class LocalCluster:
     def __init__(self, nodes: int, workdir: Path, tls: TLSFiles | None = None, port: int | None = None) -> None:
         if nodes < 1:
@@ -110,6 +124,10 @@ class LocalCluster:
             ]))
         for index, (port, process) in enumerate(zip(ports, self.supernodes, strict=True)):
             wait_for_port(port, timeout, process, self._log(f"supernode{index}"))
+        for index, process in enumerate(self.supernodes):
+            # logged once the node has registered with the SuperLink, after it started its flower-superexec:
+            # from here a run sees every node, and every node's process group is complete
+            wait_for_log_line(REGISTERED, timeout, process, self._log(f"supernode{index}"))
         return self
 
     def kill_node(self, index: int) -> None:
