@@ -1,6 +1,6 @@
-"""Encoder–decoder rounds batched: every task kind's row loss equals `TaskSpec.loss` on a row's real samples, and a
-round of dense clients (a CNN or a ResNet encoder with BatchNorm, one FCN decoder per task) trained batched gives
-each client its sequential result within `TOLERANCE`."""
+"""Encoder–decoder rounds batched: every task kind's row loss, and every alternative loss's, equals `TaskSpec.loss`
+on a row's real samples, and a round of dense clients (a CNN or a ResNet encoder with BatchNorm, one FCN decoder per
+task) trained batched gives each client its sequential result within `TOLERANCE`."""
 
 import pytest
 import torch
@@ -9,9 +9,10 @@ from torch.func import vmap
 from manytask.client.trainer import TrainConfig, Trainer
 from manytask.execution.batched import TOLERANCE, train_batched
 from manytask.execution.budget import client_bytes
-from manytask.execution.losses import ROW_LOSSES
+from manytask.execution.losses import ALTERNATIVE_ROW_LOSSES, ROW_LOSSES, row_loss
 from manytask.execution.plan import ClientPlan, Unbatchable
 from manytask.models.multitask import BUFFER_PREFIX, build_model
+from manytask.tasks.dense_losses import ALTERNATIVES
 from manytask.tasks.dense_metrics import IGNORE_INDEX
 from manytask.tasks.task import TaskKind, TaskSpec
 from tests.batched_support import before_norm
@@ -21,6 +22,10 @@ CHANNELS = {TaskKind.SEGMENTATION: 3, TaskKind.DEPTH: 1, TaskKind.NORMALS: 3, Ta
             TaskKind.SALIENCY: 1, TaskKind.HEATMAP: 2, TaskKind.RECONSTRUCTION: 3}
 SPECS = {kind.value: TaskSpec(kind.value, kind, channels) for kind, channels in CHANNELS.items()}
 VECTOR = {"class": TaskSpec("class", TaskKind.CLASSIFICATION, 3), "reg": TaskSpec("reg", TaskKind.REGRESSION, 2)}
+# the task-grouping code's losses in place of the kinds' own (`train.losses`)
+RELEASED = {**SPECS, **{kind.value: TaskSpec(kind.value, kind, CHANNELS[kind], loss) for kind, loss in
+                        [(TaskKind.NORMALS, "shifted-l1"), (TaskKind.EDGES, "map-l1"), (TaskKind.SALIENCY, "map-l1")]}}
+ROW_SPECS = [*SPECS.values(), *VECTOR.values(), *(s for s in RELEASED.values() if s.loss_choice is not None)]
 
 
 def _targets(kind: TaskKind, n: int, g: torch.Generator, labelled: bool = True) -> torch.Tensor:
@@ -41,13 +46,14 @@ def _targets(kind: TaskKind, n: int, g: torch.Generator, labelled: bool = True) 
     return torch.randn(shape, generator=g)
 
 
-@pytest.mark.parametrize("kind", list(TaskKind))
-def test_each_kinds_row_loss_is_its_loss_on_the_real_samples(kind):
+@pytest.mark.parametrize("spec", ROW_SPECS, ids=lambda s: s.kind.value + (f"-{s.loss_choice}" if s.loss_choice else ""))
+def test_each_kinds_row_loss_is_its_loss_on_the_real_samples(spec):
     """Rows of 5 real samples padded to 8 (padding: copies of real samples, as the executor pads), one row with
     nothing labelled; the loss and its gradient against `TaskSpec.loss` on the real samples alone, under `vmap`."""
-    assert set(ROW_LOSSES) == set(TaskKind)
+    assert set(ROW_LOSSES) == set(TaskKind) == {s.kind for s in ROW_SPECS}
+    assert set(ALTERNATIVE_ROW_LOSSES) == set(ALTERNATIVES) == {s.loss_choice for s in ROW_SPECS} - {None}
     g = torch.Generator().manual_seed(7)
-    spec = SPECS.get(kind.value) or next(s for s in VECTOR.values() if s.kind is kind)
+    kind = spec.kind
     channels = spec.num_outputs
     rows, batch, real = 3, 8, 5
     out_shape = (batch, channels, SIZE, SIZE) if spec.is_dense else (batch, channels)
@@ -60,7 +66,7 @@ def test_each_kinds_row_loss_is_its_loss_on_the_real_samples(kind):
         targets = torch.randn(rows, batch, channels, generator=g)
     targets[:, real:] = targets[:, :1]  # padding points at a real sample
     weight = torch.cat([torch.full((rows, real), 1 / real), torch.zeros(rows, batch - real)], dim=1)
-    got = vmap(ROW_LOSSES[kind])(outputs, targets, weight)
+    got = vmap(row_loss(spec))(outputs, targets, weight)
     (got_grad,) = torch.autograd.grad(got.sum(), outputs)
     expected = torch.stack([spec.loss(outputs[r, :real], targets[r, :real]) for r in range(rows)])
     (expected_grad,) = torch.autograd.grad(expected.sum(), outputs)
@@ -105,21 +111,23 @@ SGD = {"momentum": 0.9, "weight_decay": 0.01, "grad_clip": 0.5, "local_epochs": 
 ADAMW = {"optimizer": "adamw", "lr": 0.005, "weight_decay": 0.01, "local_steps": 3}
 
 
-@pytest.mark.parametrize(("encoder", "train", "dtype"), [
-    ("cnn-bn", SGD, torch.float32), ("cnn-bn", ADAMW, torch.float32), ("resnet-bn", SGD, torch.float32),
+@pytest.mark.parametrize(("encoder", "train", "dtype", "specs"), [
+    ("cnn-bn", SGD, torch.float32, SPECS), ("cnn-bn", ADAMW, torch.float32, SPECS),
+    ("resnet-bn", SGD, torch.float32, SPECS),
     # Adam divides by the root of tiny second moments, which amplifies float32 rounding in this ResNet's 1×1 deepest
     # maps: sequential float32 training itself is 2e-3 off float64 here. So the two paths are compared in float64.
-    ("resnet-bn", ADAMW, torch.float64),
-], ids=["cnn-sgd-clip", "cnn-adamw", "resnet-sgd-clip", "resnet-adamw-float64"])
-def test_a_dense_round_batched_gives_each_client_its_sequential_result(encoder, train, dtype):
-    trainer = Trainer(TrainConfig(**{"lr": 0.05, "batch_size": 4, **train}), SPECS)
-    template, model = _model(encoder, SPECS, dtype), _model(encoder, SPECS, dtype)
+    ("resnet-bn", ADAMW, torch.float64, SPECS),
+    ("cnn-bn", SGD, torch.float32, RELEASED),
+], ids=["cnn-sgd-clip", "cnn-adamw", "resnet-sgd-clip", "resnet-adamw-float64", "cnn-sgd-released-losses"])
+def test_a_dense_round_batched_gives_each_client_its_sequential_result(encoder, train, dtype, specs):
+    trainer = Trainer(TrainConfig(**{"lr": 0.05, "batch_size": 4, **train}), specs)
+    template, model = _model(encoder, specs, dtype), _model(encoder, specs, dtype)
     plans = [ClientPlan(template, trainer, 0, 10, {}, _data(seed, sizes, shared, dtype), _start(model, seed), seed,
                         []) for seed, sizes, shared in CLIENTS]
     results = train_batched(plans)
     noisy = before_norm(template) if trainer.config.optimizer == "adamw" and dtype == torch.float32 else set()
     for plan, result in zip(plans, results, strict=True):
-        sequential = _model(encoder, SPECS, dtype)
+        sequential = _model(encoder, specs, dtype)
         sequential.load_state_dict(plan.start, strict=False)
         report = trainer.train(sequential, plan.data, plan.seed, 0, 10)
         assert result.report.steps == report.steps

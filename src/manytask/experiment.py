@@ -51,6 +51,7 @@ class Experiment:
         model = ModelConfig(**config.model)
         if benchmark is None:
             benchmark = make_benchmark(config)
+        benchmark = benchmark.with_losses(config.train.losses)
         pretrained = model.pretrained_weights(benchmark, config.seed)
         federation = make_federation(config, benchmark, pooled=method.pooled)
         if config.workers > 1 and config.engine != "local":

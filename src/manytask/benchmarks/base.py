@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from manytask.errors import ManytaskError, unknown_choice
 from manytask.tasks.task import Task, TaskSpec, classification_task
 
 
@@ -39,6 +40,21 @@ class Benchmark:
     @property
     def specs(self) -> dict[str, TaskSpec]:
         return {name: task.spec for name, task in self.tasks.items()}
+
+    def with_losses(self, losses: Mapping[str, str]) -> Benchmark:
+        """This benchmark with the named tasks trained on an alternative loss (`train.losses`: task -> loss name);
+        raises ManytaskError for a task it does not have or a loss that does not fit a task's kind."""
+        if not losses:
+            return self
+        tasks = dict(self.tasks)
+        for name, loss in losses.items():
+            if name not in tasks:
+                raise unknown_choice(f"task in train.losses for benchmark '{self.name}'", name, self.task_names)
+            try:
+                tasks[name] = replace(tasks[name], spec=replace(tasks[name].spec, loss_choice=loss))
+            except ValueError as err:
+                raise ManytaskError(f"train.losses: {err}") from err
+        return replace(self, tasks=tasks)
 
     @classmethod
     def from_tensors(

@@ -40,6 +40,9 @@ class TrainConfig(Params):
     warmup_rounds: int = Field(default=0, ge=0, description="warmup-cosine: rounds of linear warmup")
     lr_power: float = Field(default=0.9, gt=0, description="poly: p in lr·(1 − r/R)^p")
     grad_clip: float | None = Field(default=None, gt=0)
+    losses: dict[str, str] = Field(default_factory=dict, description="per task name, a training loss in place of "
+                                   "its kind's: map-l1 (edges, saliency) or shifted-l1 (normals), the task-grouping "
+                                   "code's (tasks/dense_losses.py)")
 
     def lr_at(self, round_index: int, total_rounds: int) -> float:
         """The learning rate of a round (0-based); the schedule runs over rounds, not local steps."""

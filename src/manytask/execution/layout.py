@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from manytask.client.trainer import Trainer, index_batches, shares_inputs, stream_seed_request
-from manytask.execution.losses import ROW_LOSSES, RowLoss
+from manytask.execution.losses import RowLoss, row_loss
 from manytask.execution.plan import ClientPlan, Unbatchable
 from manytask.models.multitask import BACKBONE_PREFIX, head_prefix, model_tensors, task_of_key
 from manytask.seeding import derive_seeds
@@ -42,7 +42,7 @@ class HeadGroup:
 
 
 def head_signature(head: nn.Module, spec: TaskSpec) -> tuple:
-    return (type(head).__name__, spec.kind,
+    return (type(head).__name__, spec.kind, spec.loss_choice,
             tuple((n, tuple(p.shape), p.dtype) for n, p in head.named_parameters()))
 
 
@@ -73,7 +73,7 @@ class Round:
             for task in row.tasks:
                 spec = trainer.specs[task]
                 signature = head_signature(template.heads[task], spec)
-                group = groups.setdefault(signature, HeadGroup(task, ROW_LOSSES[spec.kind]))
+                group = groups.setdefault(signature, HeadGroup(task, row_loss(spec)))
                 group.pairs.append((row.client, task, r))
         self.groups = list(groups.values())
         for group in self.groups:  # by client: the clients still training at a step own a prefix of the pairs

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from manytask.tasks.dense_losses import shifted_l1_per_sample
 from manytask.tasks.dense_metrics import IGNORE_INDEX
-from manytask.tasks.task import TaskKind
+from manytask.tasks.task import TaskKind, TaskSpec
 
 RowLoss = Callable[[Tensor, Tensor, Tensor], Tensor]  # (outputs, targets, weight (batch,)) -> the row's loss
 
@@ -74,6 +75,20 @@ def l1(outputs: Tensor, targets: Tensor, weight: Tensor) -> Tensor:
     return _real_mean((outputs - targets).abs(), weight)
 
 
+def map_l1(outputs: Tensor, targets: Tensor, weight: Tensor) -> Tensor:
+    return _real_mean((torch.sigmoid(outputs) - targets).abs(), weight)
+
+
+def shifted_l1(outputs: Tensor, targets: Tensor, weight: Tensor) -> Tensor:
+    return (shifted_l1_per_sample(outputs, targets) * weight).sum()
+
+
+def row_loss(spec: TaskSpec) -> RowLoss:
+    """The row loss of a task's training loss: its chosen alternative's, or its kind's."""
+    return ALTERNATIVE_ROW_LOSSES[spec.loss_choice] if spec.loss_choice is not None else ROW_LOSSES[spec.kind]
+
+
+ALTERNATIVE_ROW_LOSSES: dict[str, RowLoss] = {"map-l1": map_l1, "shifted-l1": shifted_l1}
 ROW_LOSSES: dict[TaskKind, RowLoss] = {
     TaskKind.CLASSIFICATION: cross_entropy, TaskKind.REGRESSION: squared_error,
     TaskKind.SEGMENTATION: segmentation, TaskKind.DEPTH: depth, TaskKind.NORMALS: normals,

@@ -8,6 +8,16 @@ Target contract (outputs are always (N, C, H, W) at the input's resolution):
   fraction, negatives by its positive fraction), because edge pixels are a few percent of an image.
 - heatmap, reconstruction: same shape as the outputs; L1.
 A batch with no labeled pixel gives a zero loss that still depends on the outputs (no NaN, no graph break).
+
+Alternatives a task may train with instead (`TaskSpec.loss_choice`, set by `train.losses`), the losses of the
+task-grouping code that MAS and TAG released for Taskonomy (docs/mas.md):
+- "map-l1" (edges, saliency): L1 between the predicted map σ(output) and the target over every pixel. The released
+  code regresses the raw output; the σ keeps the edge metrics, which threshold σ(output), reading it as they do
+  under BCE (the minimizer, each pixel's conditional median, is the same).
+- "shifted-l1" (normals): per sample, the mean over the target's interior (1 pixel in from each side) of
+  labelled·|output − target|, taken at each of the output's 9 shifts by at most one pixel, and the least of the 9;
+  its mean over the batch. The raw output (not normalized), every interior pixel in the mean (unlabelled ones add
+  0), as released.
 """
 
 from __future__ import annotations
@@ -61,6 +71,34 @@ _LOSSES = {
     "saliency": balanced_bce_loss,
     "heatmap": l1_loss,
     "reconstruction": l1_loss,
+}
+
+
+def map_l1_loss(outputs: Tensor, targets: Tensor) -> Tensor:
+    return F.l1_loss(torch.sigmoid(outputs), targets)
+
+
+def shifted_l1_per_sample(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Per sample (N,): the least over the output's 9 one-pixel shifts of the labelled L1 mean on the target's
+    interior ("shifted-l1" above)."""
+    height, width = outputs.shape[-2:]
+    if height < 3 or width < 3:
+        raise ValueError(f"shifted-l1 needs maps of at least 3×3 pixels, got {height}×{width}")
+    target = targets[:, :, 1:-1, 1:-1]
+    labelled = (target.abs().sum(dim=1, keepdim=True) > 0).to(target.dtype)
+    shifted = [outputs[:, :, 1 + dy : height - 1 + dy, 1 + dx : width - 1 + dx]
+               for dy in (-1, 0, 1) for dx in (-1, 0, 1)]
+    return torch.stack([((s - target).abs() * labelled).mean(dim=(1, 2, 3)) for s in shifted]).amin(dim=0)
+
+
+def shifted_l1_loss(outputs: Tensor, targets: Tensor) -> Tensor:
+    return shifted_l1_per_sample(outputs, targets).mean()
+
+
+# name -> (the kinds it applies to, the loss of one batch)
+ALTERNATIVES = {
+    "map-l1": (frozenset({"edges", "saliency"}), map_l1_loss),
+    "shifted-l1": (frozenset({"normals"}), shifted_l1_loss),
 }
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from manytask.tasks.dense_losses import dense_loss
+from manytask.tasks.dense_losses import ALTERNATIVES, dense_loss
 from manytask.tasks.dense_metrics import (
     DepthMeter,
     L1Meter,
@@ -66,6 +66,18 @@ class TaskSpec:
     name: str
     kind: TaskKind
     num_outputs: int
+    loss_choice: str | None = None  # a named alternative to the kind's training loss (`dense_losses.ALTERNATIVES`)
+
+    def __post_init__(self) -> None:
+        if self.loss_choice is None:
+            return
+        if self.loss_choice not in ALTERNATIVES:
+            raise ValueError(f"task '{self.name}': unknown loss '{self.loss_choice}'; choose from "
+                             f"{', '.join(ALTERNATIVES)}")
+        kinds = ALTERNATIVES[self.loss_choice][0]
+        if self.kind.value not in kinds:
+            raise ValueError(f"task '{self.name}': loss '{self.loss_choice}' is for {' or '.join(sorted(kinds))} "
+                             f"tasks, not {self.kind.value}")
 
     @property
     def is_dense(self) -> bool:
@@ -74,7 +86,9 @@ class TaskSpec:
 
     def loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
         """Mean loss of a batch: cross-entropy for classification, MSE for regression, the kind's loss for dense
-        tasks."""
+        tasks, or the chosen alternative."""
+        if self.loss_choice is not None:
+            return ALTERNATIVES[self.loss_choice][1](outputs, targets)
         if self.kind is TaskKind.CLASSIFICATION:
             return F.cross_entropy(outputs, targets)
         if self.kind is TaskKind.REGRESSION:
