@@ -141,3 +141,17 @@ def test_encoded_headers_are_the_json_of_the_whole_header():
             entries = [{"name": n, "dtype": a.dtype.name, "shape": list(a.shape),
                         "nbytes": (a.size + 7) // 8 if a.dtype == bool else a.nbytes} for n, a in arrays.items()]
             assert header == json.dumps({"arrays": entries, "scalars": scalars}, separators=(",", ":")).encode()
+
+
+def test_decoding_bytes_views_them_and_a_mutable_buffer_is_copied():
+    message = Message.from_tensors({"w": torch.arange(6.0).view(2, 3), "mask": torch.tensor([True, False, True])})
+    data = encode(message)
+    viewed = decode(data)
+    w = viewed.arrays["w"]
+    assert np.shares_memory(w, np.frombuffer(data, np.uint8)) and not w.flags.writeable  # no copy of a model
+    assert torch.equal(viewed.tensors()["w"], torch.arange(6.0).view(2, 3))
+    buffer = bytearray(data)
+    copied = decode(buffer)
+    buffer[:] = bytes(len(buffer))  # the sender reuses its buffer
+    assert torch.equal(copied.tensors()["w"], torch.arange(6.0).view(2, 3))  # the message did not change with it
+    assert copied.arrays["w"].flags.writeable and torch.equal(copied.tensors()["mask"], torch.tensor([1, 0, 1]) > 0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -47,7 +48,7 @@ class Message:
         self.arrays = {name: _to_numpy(value) for name, value in self.arrays.items()}
 
     def tensor(self, name: str) -> Tensor:
-        return torch.from_numpy(self.arrays[name])
+        return _view(self.arrays[name])
 
     def tensors(self, prefix: str = "") -> dict[str, Tensor]:
         """All arrays whose name starts with `prefix`, with the prefix stripped, as tensors sharing their memory.
@@ -65,7 +66,7 @@ class Message:
         # their ids cannot be reused while it stands)
         ids = tuple(map(id, arrays.values()))
         if cached is None or cached[0] != ids or cached[1] != tuple(arrays):
-            cached = self._views = (ids, tuple(arrays), {n: torch.from_numpy(a) for n, a in arrays.items()},
+            cached = self._views = (ids, tuple(arrays), {n: _view(a) for n, a in arrays.items()},
                                     tuple(arrays.values()))
         return cached[2]
 
@@ -74,6 +75,27 @@ class Message:
         cls, tensors: Mapping[str, Tensor], prefix: str = "", scalars: Mapping[str, Scalar] | None = None
     ) -> Message:
         return cls({prefix + n: t for n, t in tensors.items()}, dict(scalars or {}))
+
+
+def _view(array: np.ndarray) -> Tensor:
+    """`torch.from_numpy(array)`, also for the read-only arrays `decode` makes over immutable bytes: what is received
+    is only read (`decode`), so torch's warning that writing into such a tensor is undefined is not for the user.
+    Torch gives it once a process; the first read-only view is made with it silenced."""
+    if array.flags.writeable or _READ_ONLY_SEEN:
+        return torch.from_numpy(array)
+    return _first_read_only_view(array)
+
+
+_READ_ONLY_SEEN = False
+
+
+def _first_read_only_view(array: np.ndarray) -> Tensor:
+    global _READ_ONLY_SEEN
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+        view = torch.from_numpy(array)
+    _READ_ONLY_SEEN = True
+    return view
 
 
 def _dtype_name(dtype: np.dtype) -> str:
@@ -136,7 +158,13 @@ def decode(data: bytes) -> Message:
     """Inverse of `encode`, safe on untrusted bytes: raises `MessageError`, and nothing else, for anything that is
     not a well-formed manytask message. Every size the header declares is checked against the bytes present before
     anything is allocated, so decoding costs at most the message's size in arrays (eight times a packed mask's
-    bytes, one byte per entry) plus the parsed header."""
+    bytes, one byte per entry) plus the parsed header.
+
+    From immutable `bytes` the arrays are read-only views into them, not copies (a round decodes every payload and
+    every reply, a model's size each): what a client or a server receives is only ever read, as `fit_many` already
+    relies on when it hands one decoded payload to every client of a task set. A write through a torch view would
+    change the bytes (tests/test_messages.py runs every method to check that none does). From a mutable buffer
+    (bytearray, memoryview) the arrays are copies, so a later change to the buffer cannot reach them."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise MessageError(f"a message is bytes, not {type(data).__name__}")
     if len(data) > MAX_MESSAGE_BYTES:
@@ -147,11 +175,11 @@ def decode(data: bytes) -> Message:
     if header_len > min(MAX_HEADER_BYTES, len(data) - 8):
         raise MessageError(f"corrupt message: header of {header_len} bytes in a message of {len(data)}")
     entries, scalars = _parse_header(bytes(data[8 : 8 + header_len]))
-    offset, arrays, view = 8 + header_len, {}, memoryview(data)
+    offset, arrays, view, shared = 8 + header_len, {}, memoryview(data), type(data) is bytes
     for name, dtype, shape, nbytes in entries:
         if offset + nbytes > len(data):
             raise MessageError(f"corrupt message: array '{clipped(name)}' is truncated")
-        arrays[name] = _array_from_bytes(view[offset : offset + nbytes], dtype, shape)  # copied once, from a view
+        arrays[name] = _array_from_bytes(view[offset : offset + nbytes], dtype, shape, copy=not shared)
         offset += nbytes
     if offset != len(data):
         raise MessageError("corrupt message: trailing bytes after the last array")
@@ -263,9 +291,11 @@ def _entry(entry: object) -> Entry:
     return name, dtype, tuple(shape), nbytes
 
 
-def _array_from_bytes(raw: bytes | memoryview, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    if dtype is _BOOL:  # only a mask needs its entry count (to drop the padding bits)
+def _array_from_bytes(raw: bytes | memoryview, dtype: np.dtype, shape: tuple[int, ...], copy: bool) -> np.ndarray:
+    if dtype is _BOOL:  # only a mask needs its entry count (to drop the padding bits); unpacking copies
         flat = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=math.prod(shape)).view(np.bool_)
     else:
-        flat = np.frombuffer(raw, dtype=dtype).copy()
+        flat = np.frombuffer(raw, dtype=dtype)  # read-only where `raw` views immutable bytes
+        if copy:
+            flat = flat.copy()
     return flat.reshape(shape)
