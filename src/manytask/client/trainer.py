@@ -143,7 +143,7 @@ class Trainer:
         opt = factory(named, lr)
         shared = shares_inputs(data)
         batches = self._batches(data, seed, shared)
-        totals = dict.fromkeys(data, 0.0)
+        losses: dict[str, list[Tensor]] = {task: [] for task in data}  # read once, after the last step: no sync
         steps = self.num_steps(data)
         train_mode(model)
         for index in range(steps):
@@ -155,7 +155,7 @@ class Trainer:
                 for task, stream in batches.items():
                     self._forward(step, task, next(stream))
             for task in data:
-                totals[task] += step.losses[task].item()
+                losses[task].append(step.losses[task].detach())
             loss = combine(step)
             for hook in hooks:
                 extra = hook.loss(step)
@@ -171,7 +171,7 @@ class Trainer:
             opt.step()
             for hook in hooks:
                 hook.after_step(step)
-        return TrainReport(steps, {task: total / max(steps, 1) for task, total in totals.items()})
+        return TrainReport(steps, {task: mean_of(values, steps) for task, values in losses.items()})
 
     def _batches(self, data: TaskData, seed: int, shared: bool) -> dict[str, Iterator]:
         """One endless batch stream per task, or, when every task labels the same inputs, one stream of indices
@@ -202,6 +202,12 @@ class Trainer:
         step.outputs[task] = outputs
         step.features[task] = features
         step.losses[task] = self.specs[task].loss(outputs, y)
+
+
+def mean_of(losses: list[Tensor], steps: int) -> float:
+    """Σ losses / max(steps, 1), the sum taken in Python floats from 0 in step order: the same bits as adding each
+    step's `.item()` as it came, from one host read."""
+    return sum(torch.stack(losses).tolist() if losses else []) / max(steps, 1)
 
 
 def train_mode(model: nn.Module) -> None:
