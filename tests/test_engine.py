@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from manytask.config import validate
-from manytask.engine.checkpoint import Checkpoint, CheckpointWriter, load_checkpoint, save_checkpoint
+from manytask.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from manytask.run import resume, run_config
 from tests.conftest import small_config_dict
 
@@ -113,25 +113,6 @@ def test_checkpoint_round_trip_and_atomic_replace(tmp_path):
     assert back.round == 4 and torch.equal(back.server["w"], torch.full((2,), 2.0))
     assert torch.equal(back.clients[0]["a"], torch.ones(3))
     assert not list(tmp_path.glob("*.tmp"))
-
-
-def test_the_checkpoint_writer_writes_the_state_as_it_was_saved_and_reports_a_failed_write(tmp_path):
-    path = tmp_path / "ck.safetensors"
-    writer = CheckpointWriter(path)
-    server = {"w": torch.ones(2)}
-    writer.save(Checkpoint(1, server, {0: {"a": torch.zeros(3)}}, {}))
-    server["w"].add_(5.0)  # the next round changes the state while the checkpoint is written
-    writer.save(Checkpoint(2, server, {}, {}))  # waits for the first
-    writer.wait()
-    back = load_checkpoint(path)
-    assert back.round == 2 and torch.equal(back.server["w"], torch.full((2,), 6.0))
-    server["w"].add_(1.0)
-    lost = CheckpointWriter(tmp_path / "gone" / "ck.safetensors")  # a folder that does not exist
-    lost.save(Checkpoint(3, server, {}, {}))  # the failure is the writing thread's ...
-    with pytest.raises(Exception, match="No such file or directory"):
-        lost.wait()  # ... and reaches the run when it waits
-    lost.wait()  # reported once
-    assert load_checkpoint(path).round == 2
 
 
 def test_round_fails_clearly_when_too_few_clients_reply(tmp_path):

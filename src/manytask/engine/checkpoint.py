@@ -25,7 +25,6 @@ import hashlib
 import json
 import math
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,12 +93,6 @@ def identity_of(experiment: Experiment) -> RunIdentity:
 
 
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
-    write_snapshot(path, *snapshot(checkpoint))
-
-
-def snapshot(checkpoint: Checkpoint) -> tuple[dict[str, Tensor], str]:
-    """What `write_snapshot` writes: a packed CPU copy of every tensor (the run may change the originals once this
-    returns), and the metadata as JSON text."""
     tensors = {f"server/{k}": v for k, v in checkpoint.server.items()}
     for client, state in checkpoint.clients.items():
         tensors.update({f"client/{client}/{k}": v for k, v in state.items()})
@@ -111,47 +104,10 @@ def snapshot(checkpoint: Checkpoint) -> tuple[dict[str, Tensor], str]:
                             "extra": checkpoint.extra}
     if checkpoint.run is not None:
         meta["run"] = checkpoint.run.to_json()
-    return tensors, json.dumps(meta)
-
-
-def write_snapshot(path: Path, tensors: dict[str, Tensor], text: str) -> None:
-    """Hash and write a snapshot next to `path`, then move it over `path` (atomic: a reader sees the old file or
-    the new one, never part of one)."""
+    text = json.dumps(meta)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={META_KEY: text, DIGEST_KEY: _digest(tensors, text)})
     os.replace(tmp, path)
-
-
-class CheckpointWriter:
-    """A run's checkpoints, each hashed and written in a background thread while the next round trains, one at a
-    time: `save` snapshots the state in the caller's thread, after the previous checkpoint is on disk. `wait`
-    returns once the last one is (raising what its write raised). A process killed during a write leaves the
-    previous checkpoint, which resume handles as any crash after a round's metric row (`RoundLoop._restore`)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._writing: threading.Thread | None = None
-        self._error: BaseException | None = None
-
-    def save(self, checkpoint: Checkpoint) -> None:
-        self.wait()
-        tensors, text = snapshot(checkpoint)
-        self._writing = threading.Thread(target=self._write, args=(tensors, text), name="manytask-checkpoint")
-        self._writing.start()
-
-    def _write(self, tensors: dict[str, Tensor], text: str) -> None:
-        try:
-            write_snapshot(self.path, tensors, text)
-        except BaseException as error:  # handed to the run's thread by `wait`
-            self._error = error
-
-    def wait(self) -> None:
-        if self._writing is not None:
-            self._writing.join()
-            self._writing = None
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
 
 
 def load_checkpoint(path: Path, expected: RunIdentity | None = None) -> Checkpoint:

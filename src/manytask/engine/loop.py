@@ -10,13 +10,7 @@ from typing import Any, Protocol
 
 import torch
 
-from manytask.engine.checkpoint import (
-    Checkpoint,
-    CheckpointWriter,
-    checkpoint_error,
-    identity_of,
-    load_checkpoint,
-)
+from manytask.engine.checkpoint import Checkpoint, checkpoint_error, identity_of, load_checkpoint, save_checkpoint
 from manytask.engine.client_runner import ClientState
 from manytask.engine.heap import settled_heap
 from manytask.engine.sampling import clients_per_round, sample_clients, sample_dropouts
@@ -105,12 +99,8 @@ class RoundLoop:
     def run(self, stop_after: int | None = None) -> dict[str, Any] | None:
         """Run (or continue) to the configured number of rounds; return the summary, or None if stopped
         early at `stop_after` completed rounds (as a crash would)."""
-        self.checkpoints = CheckpointWriter(self.run_dir.checkpoint)
         with settled_heap():
-            try:
-                return self._run(stop_after)
-            finally:
-                self.checkpoints.wait()  # the last round's checkpoint is on disk when the run returns or raises
+            return self._run(stop_after)
 
     def _run(self, stop_after: int | None) -> dict[str, Any] | None:
         from manytask import energy  # the meter: looked up per run, so tests can patch energy.available_meter
@@ -232,7 +222,7 @@ class RoundLoop:
             rounds_done, self.server.state_dict(), self.transport.client_states(), {"elapsed": elapsed},
             torch.get_rng_state(), identity_of(self.exp),
         )
-        self.checkpoints.save(checkpoint)
+        save_checkpoint(self.run_dir.checkpoint, checkpoint)
 
     def _restore(self) -> tuple[int, float]:
         """Load the checkpoint if there is one: (rounds already done, wall seconds already spent). Metric rows
