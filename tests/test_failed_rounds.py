@@ -30,8 +30,9 @@ class DivergingFrom:
         outcome = self.inner.fit(round_index, payloads, simulated_drops)
         if round_index >= self.first:
             for client, data in outcome.replies.items():
-                reply = decode(data)
-                next(a for a in reply.arrays.values() if a.dtype.kind == "f")[...] = np.nan
+                reply = decode(data)  # its arrays view `data`: replaced, not written into
+                name = next(k for k, a in reply.arrays.items() if a.dtype.kind == "f")
+                reply.arrays[name] = np.full_like(reply.arrays[name], np.nan)
                 outcome.replies[client] = encode(reply)
         return outcome
 
