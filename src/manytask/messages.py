@@ -163,7 +163,7 @@ def decode(data: bytes) -> Message:
     From immutable `bytes` the arrays are read-only views into them, not copies (a round decodes every payload and
     every reply, a model's size each): what a client or a server receives is only ever read, as `fit_many` already
     relies on when it hands one decoded payload to every client of a task set. A write through a torch view would
-    change the bytes (tests/test_messages.py runs every method to check that none does). From a mutable buffer
+    change the bytes (tests/test_received_unchanged.py runs every method to check that none does). From a mutable buffer
     (bytearray, memoryview) the arrays are copies, so a later change to the buffer cannot reach them."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise MessageError(f"a message is bytes, not {type(data).__name__}")

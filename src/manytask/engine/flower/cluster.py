@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,28 +60,30 @@ def free_port() -> int:
 
 
 def wait_for_port(port: int, timeout: float, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ManytaskError(f"a Flower daemon exited at start (code {process.returncode}); see {log}.")
+    def listening() -> bool:
         with socket.socket() as sock:
-            if sock.connect_ex((HOST, port)) == 0:
-                return
-        time.sleep(0.1)
-    raise ManytaskError(f"nothing listened on {HOST}:{port} within {timeout:.0f} s; see {log}.")
+            return sock.connect_ex((HOST, port)) == 0
+
+    _wait_at_start(listening, timeout, process, log, f"nothing listened on {HOST}:{port}")
 
 
 def wait_for_log_line(text: str, timeout: float, process: subprocess.Popen, log: Path) -> None:
     """Until a daemon's log has a line with `text` (it reads the log from the start each time: logs here are
     a few lines long when this is called)."""
+    _wait_at_start(lambda: text in log.read_text(errors="replace"), timeout, process, log, f"no '{text}' in its log")
+
+
+def _wait_at_start(ready: Callable[[], bool], timeout: float, process: subprocess.Popen, log: Path,
+                   missing: str) -> None:
+    """Poll `ready` until it holds; a ManytaskError naming `log` if the daemon exits first or `timeout` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ManytaskError(f"a Flower daemon exited at start (code {process.returncode}); see {log}.")
-        if text in log.read_text(errors="replace"):
+        if ready():
             return
         time.sleep(0.1)
-    raise ManytaskError(f"no '{text}' in {log} within {timeout:.0f} s.")
+    raise ManytaskError(f"{missing} within {timeout:.0f} s; see {log}.")
 
 
 class LocalCluster:
