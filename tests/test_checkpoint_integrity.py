@@ -223,3 +223,19 @@ def test_a_checkpoint_written_on_the_gpu_is_hashed_like_one_written_on_the_cpu(t
     save_checkpoint(tmp_path / "cpu", Checkpoint(1, state, {}))
     save_checkpoint(tmp_path / "gpu", Checkpoint(1, {k: v.cuda() for k, v in state.items()}, {}))
     assert (tmp_path / "cpu").read_bytes() == (tmp_path / "gpu").read_bytes()
+
+
+def test_the_same_checkpoint_always_gives_the_same_bytes(tmp_path):
+    # safetensors writes its metadata in a hash map's order, different from one save to the next (with two keys, 8
+    # saves in one order by chance: 1 in 128); the writer sorts it
+    from manytask.engine.checkpoint import Checkpoint
+
+    state = {"w": torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), "b": torch.arange(5)}
+    saved = set()
+    for attempt in range(8):
+        save_checkpoint(tmp_path / f"c{attempt}", Checkpoint(1, state, {}, extra={"note": "é"}))
+        saved.add((tmp_path / f"c{attempt}").read_bytes())
+    assert len(saved) == 1
+    header = (tmp_path / "c0").read_bytes()[8:]
+    assert header.index(f'"{META_KEY}"'.encode()) < header.index(f'"{DIGEST_KEY}"'.encode())
+    assert load_checkpoint(tmp_path / "c0").extra == {"note": "é"}

@@ -107,7 +107,29 @@ def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
     text = json.dumps(meta)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={META_KEY: text, DIGEST_KEY: _digest(tensors, text)})
+    _sort_metadata(tmp)
     os.replace(tmp, path)
+
+
+def _sort_metadata(path: Path) -> None:
+    """Put the metadata's keys of the safetensors file at `path` in sorted order. safetensors writes them in a hash
+    map's order, which changes from one save to the next, so the same checkpoint would not always give the same
+    bytes. The reordered header has the same entries, hence the same length, and is rewritten in place; a header that
+    Python's compact JSON does not reproduce as read is left as it is."""
+    with path.open("r+b") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        text = handle.read(size).decode().rstrip(" ")  # safetensors pads the header with spaces
+        header = json.loads(text)  # dicts keep the order read
+        if _compact_json(header) != text or not isinstance(header.get("__metadata__"), dict):
+            return
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        handle.seek(8)
+        handle.write(_compact_json(header).encode())
+
+
+def _compact_json(value: Any) -> str:
+    """JSON as safetensors (serde_json) writes it: no spaces, non-ASCII characters as they are."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def load_checkpoint(path: Path, expected: RunIdentity | None = None) -> Checkpoint:
