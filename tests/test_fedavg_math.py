@@ -57,16 +57,20 @@ def random_weight(generator: torch.Generator) -> float | torch.Tensor:
     return [scale, scale, torch.rand(3, 2, generator=generator, dtype=torch.float64) + 0.1, torch.tensor(scale)][kind]
 
 
-# stacked sums in blocks of that many updates (None: one), in column chunks of that many entries
-@pytest.mark.parametrize(("block_rows", "columns"), [(None, 1 << 14), (1, 1 << 14), (2, 1 << 14), (None, 4), (1, 1)])
-def test_weighted_average_is_bit_identical_to_running_float64_sums(monkeypatch, block_rows, columns):
+# the dtypes of the chunked sums' values: a float64 sum's last bits show in the average; -0.0 at times
+UNIFORM_DTYPES = (torch.float64, torch.float32, torch.float16, torch.int64)
+
+
+# sums in column chunks of that many entries
+@pytest.mark.parametrize("columns", [1 << 14, 4, 1])
+def test_weighted_average_is_bit_identical_to_running_float64_sums(monkeypatch, columns):
     monkeypatch.setattr(aggregation, "SUM_COLUMNS", columns)
-    if block_rows is not None:
-        monkeypatch.setattr(aggregation, "SUM_BLOCK_BYTES", 8 * min(6, columns) * block_rows)
     generator = torch.Generator().manual_seed(0)
     for _ in range(200):
-        uniform = bool(torch.rand(1, generator=generator) < 0.5)  # one dtype, float weights: the stacked path
-        updates = [{k: random_value(generator, uniform) for k in "abcd" if torch.rand(1, generator=generator) < 0.7}
+        uniform = bool(torch.rand(1, generator=generator) < 0.5)  # one dtype, float weights: the chunked path
+        dtype = UNIFORM_DTYPES[int(torch.randint(len(UNIFORM_DTYPES), (1,), generator=generator))]
+        updates = [{k: random_value(generator, uniform).to(dtype if uniform else None) for k in "abcd"
+                    if torch.rand(1, generator=generator) < 0.7}
                    for _ in range(int(torch.randint(1, 12, (1,), generator=generator)))]
         weights = [{k: float(torch.rand(1, generator=generator)) * 100 if uniform else random_weight(generator)
                     for k in update} for update in updates]
@@ -167,7 +171,7 @@ def test_fedadam_checkpoints_its_moments_and_refuses_unknown_server_state(tmp_pa
 
 
 @pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 7)])
-def test_the_stacked_float64_sum_of_float32_values_in_column_chunks_is_the_running_sum(monkeypatch, shape):
+def test_the_chunked_float64_sum_of_float32_values_is_the_running_sum(monkeypatch, shape):
     monkeypatch.setattr(aggregation, "SUM_COLUMNS", 4)
     generator = torch.Generator().manual_seed(1)
     updates = [{"w": torch.randn(shape, generator=generator) * 10.0 ** k} for k in range(-3, 4)]
