@@ -134,10 +134,8 @@ def compute_limit(turns: int = 15) -> dict[str, Any]:
     ratios the project holds, each the median over turns of the paired rounds' ratio: batched / concatenated ≤ 1.5,
     sequential / bare sequential ≤ 1.05. Each pair is measured in its own block of turns (`paired_rounds`: its two
     rounds side by side, the order swapped from turn to turn), so that each of the two follows itself and the other
-    equally often. With all four in one rotation, the sequential engine always followed the concatenated loop (a
-    640-sample batch, whose freed activations the next round faults back in) and the bare loop always followed the
-    sequential engine: that order alone put about 2 % on sequential / bare (1.041–1.065 against 1.025–1.042 with
-    the two swapped, on this project's 2-core VM)."""
+    equally often: a round that runs right after the concatenated loop's 640-sample round pays for faulting its
+    freed activations back in (about 2 % on this project's 2-core VM)."""
     from manytask.bench import engine_runner, paired_ratio, paired_rounds
 
     torch.set_num_threads(1)
