@@ -226,8 +226,8 @@ def test_a_checkpoint_written_on_the_gpu_is_hashed_like_one_written_on_the_cpu(t
 
 
 def test_the_same_checkpoint_always_gives_the_same_bytes(tmp_path):
-    # safetensors writes its metadata in a hash map's order, different from one save to the next (with two keys, 8
-    # saves in one order by chance: 1 in 128); the writer sorts it
+    # the writer's header is compact JSON with sorted keys (safetensors' own writer puts the metadata in a hash map's
+    # order, different from one save to the next)
     from manytask.engine.checkpoint import Checkpoint
 
     state = {"w": torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), "b": torch.arange(5)}
@@ -239,3 +239,24 @@ def test_the_same_checkpoint_always_gives_the_same_bytes(tmp_path):
     header = (tmp_path / "c0").read_bytes()[8:]
     assert header.index(f'"{META_KEY}"'.encode()) < header.index(f'"{DIGEST_KEY}"'.encode())
     assert load_checkpoint(tmp_path / "c0").extra == {"note": "é"}
+
+
+def test_states_that_are_rows_of_one_stack_are_written_from_where_they_lie(tmp_path):
+    """A batched round leaves client states as views of stacked tensors: they are written without one aten copy
+    (safetensors' own writer refuses tensors sharing memory), read back equal, with every dtype a checkpoint holds;
+    only a strided tensor is packed."""
+    from manytask.engine.checkpoint import Checkpoint
+    from manytask.kernels import counted
+
+    stack = torch.randn(4, 3, 2, generator=torch.Generator().manual_seed(0))
+    clients = {c: {"w": stack[c], "n": torch.tensor(c), "h": stack[c].to(torch.bfloat16), "on": torch.tensor(c > 1)}
+               for c in range(4)}
+    strided = torch.arange(12.0).view(3, 4).t()
+    counter = counted(lambda: save_checkpoint(tmp_path / "c", Checkpoint(2, {"s": strided}, clients)))
+    assert counter.by_op == {"clone": 1}, counter.by_op  # the strided tensor's packing, and nothing else
+    loaded = load_checkpoint(tmp_path / "c")
+    assert torch.equal(loaded.server["s"], strided)
+    for c, state in clients.items():
+        assert set(loaded.clients[c]) == set(state)
+        for key, value in state.items():
+            assert loaded.clients[c][key].dtype == value.dtype and torch.equal(loaded.clients[c][key], value)

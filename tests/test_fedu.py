@@ -41,7 +41,22 @@ def test_laplacian_step_stays_inside_groups():
     models = _models()
     new = laplacian_step(models, WEIGHTS, [[0, 1], [2]], step=0.1, lam=1.0)
     assert torch.allclose(new[0]["w"], torch.tensor([0.1, 0.0]))  # only the pull of client 1
-    assert torch.equal(new[2]["w"], models[2]["w"]) and new[2]["w"] is not models[2]["w"]
+    assert torch.equal(new[2]["w"], torch.tensor([0.0, 2.0])) and new[2] is not models[2]
+
+
+def test_laplacian_step_pulls_floats_and_keeps_each_models_integer_counters():
+    """A BatchNorm model's batch counter is an integer: the step leaves each model's own (the float pull of an
+    integer tensor cannot be stored in it); the floats of a larger group follow the per-pair formula."""
+    generator = torch.Generator().manual_seed(0)
+    models = [{"w": torch.randn(3, 2, generator=generator), "n": torch.tensor(c + 10)} for c in range(5)]
+    weights = torch.rand(5, 5, generator=generator)
+    steps = [0.1, 0.2, 0.3, 0.4, 0.5]
+    new = laplacian_step(models, weights, [[0, 2, 4], [1, 3]], step=steps, lam=0.7)
+    for group in ([0, 2, 4], [1, 3]):
+        for i in group:
+            pull = sum(steps[i] * 0.7 * weights[i, j] * (models[i]["w"] - models[j]["w"]) for j in group if j != i)
+            assert torch.allclose(new[i]["w"], models[i]["w"] - pull, atol=1e-6)
+            assert new[i]["n"].item() == i + 10 and new[i]["n"].dtype == torch.int64
 
 
 def test_server_pulls_participants_together_and_owes_each_its_model():

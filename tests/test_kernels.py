@@ -4,7 +4,7 @@ as a round of 4 under execution auto (the count is deterministic: no timing invo
 import pytest
 import torch
 
-from manytask.kernels import KERNEL_HOSTS, counted, kernel_config, round_kernels
+from manytask.kernels import KERNEL_METHODS, counted, kernel_config, round_kernels
 
 
 def test_the_counter_counts_non_view_ops_and_host_syncs():
@@ -23,9 +23,10 @@ def test_the_counter_counts_non_view_ops_and_host_syncs():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("host", "federation"), [
-    ("fedavg", "multi-task"), ("moon", "multi-task"), ("feddyn", "multi-task"), ("fedbn", "dense")])
+    ("fedavg", "multi-task"), ("moon", "multi-task"), ("feddyn", "multi-task"), ("fedbn", "dense"),
+    ("local", "personal"), ("fedu", "personal")])
 def test_a_round_of_32_clients_dispatches_at_most_one_and_a_half_times_a_round_of_4(host, federation):
-    method, plugins = KERNEL_HOSTS[host]
+    method, plugins, _ = KERNEL_METHODS[host]
     few, many = (round_kernels(kernel_config(method, plugins, n, federation)) for n in (4, 32))
     assert many.ops <= 1.5 * few.ops, (few.ops, many.ops)
     assert many.syncs == few.syncs == 0  # no host sync at all: losses are read once a round, on the host

@@ -140,3 +140,32 @@ def test_a_memory_budget_splits_a_round_into_batched_computations_with_the_same_
         assert split["fedavg"]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), task
     run_config(validate({**config, "memory_budget_gb": 1e-6}), tmp_path / "tiny")
     assert "over the memory budget" in capsys.readouterr().err
+
+
+PERSONAL_RUN = {  # one task per client (rotated & masked digits), a CNN with BatchNorm, gradient clipping
+    "name": "personal", "rounds": 3, "seed": 0, "reference": None, "participation": 0.75, "eval_every": 1,
+    "method": ["local", "fedu", "centralized"],
+    "benchmark": {"name": "rotated-masked-digits", "num_clients": 8, "patch_prob": 0.25},
+    "federation": {"num_clients": 8, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
+    "model": {"backbone": "cnn", "channels": [4, 8], "hidden": 16, "norm": "batch"},
+    "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 8, "grad_clip": 1.0},
+}
+
+
+@pytest.mark.slow
+def test_private_models_and_fedu_train_batched_with_the_sequential_numbers(tmp_path, capsys):
+    """Local, Centralized and FedU keep a whole model per client; their rounds are plans the executor batches
+    (no notice), and every round's losses and evaluations are the sequential ones within float tolerance."""
+    sequential = run_config(validate({**PERSONAL_RUN, "execution": "sequential"}), tmp_path / "seq")
+    batched = run_config(validate(PERSONAL_RUN), tmp_path / "auto")
+    assert "one after another" not in capsys.readouterr().err
+    for label, summary in sequential.items():
+        seq, bat = _rows(tmp_path / "seq" / label / "metrics.jsonl"), _rows(tmp_path / "auto" / label / "metrics.jsonl")
+        assert len(seq) == len(bat) == 3
+        for a, b in zip(seq, bat, strict=True):
+            assert a["sampled"] == b["sampled"]
+            for key, loss in a["fit"].items():
+                assert b["fit"][key] == pytest.approx(loss, rel=1e-4), (label, key)
+            for task, metrics in a["eval"].items():
+                assert b["eval"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), (label, task)
+        assert batched[label]["average"] == pytest.approx(summary["average"], abs=0.01), label

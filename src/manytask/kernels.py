@@ -3,8 +3,9 @@
 
 A federated round of small clients is bound by launches, not arithmetic, so the count that matters is how it grows
 with the clients of a round: `manytask bench --kernels` prints the ratio of a round of 32 clients to a round of 4
-for the hosts of `KERNEL_HOSTS`, on a one-task-per-client federation, on a multi-task one and on an encoder–decoder
-one (dense tasks, one FCN decoder each). A round is counted
+for the methods of `KERNEL_METHODS`: the hosts on a one-task-per-client federation, on a multi-task one and on an
+encoder–decoder one (dense tasks, one FCN decoder each), the methods that keep a model per client on one-task
+clients of one label space. A round is counted
 as a 2-round run minus a 1-round run, with no evaluation in either, the engine's whole round included: payloads,
 training, replies, screening, aggregation and the checkpoint."""
 
@@ -53,15 +54,20 @@ def counted(action: Callable[[], Any]) -> KernelCounter:
     return counter
 
 
-# the hosts issue 32 holds to ≤ 1.5 kernels per round at 32 clients ÷ 4: (label, method entry, plug-ins)
-KERNEL_HOSTS: dict[str, tuple[dict[str, Any], list[dict[str, Any]] | None]] = {
-    "fedavg": ({"name": "fedavg"}, None),
-    "fedprox+dea": ({"name": "fedprox"}, [{"name": "dea"}]),
-    "feddyn": ({"name": "feddyn"}, None),
-    "fedbn": ({"name": "fedbn"}, None),
-    "moon": ({"name": "moon", "projection_dim": 32}, None),
-    "fedper": ({"name": "fedper"}, None),
-    "fedadam": ({"name": "fedadam"}, None),
+KernelMethod = tuple[dict[str, Any], list[dict[str, Any]] | None, tuple[str, ...]]  # entry, plug-ins, federations
+HOST_FEDERATIONS = ("one-task", "multi-task", "dense")
+# the methods held to ≤ 1.5 kernels per round at 32 clients ÷ 4, each on the federations it runs on: the hosts
+# (issue 32), and the methods that keep a model per client (issue 34) on one-task clients of one label space
+KERNEL_METHODS: dict[str, KernelMethod] = {
+    "fedavg": ({"name": "fedavg"}, None, HOST_FEDERATIONS),
+    "fedprox+dea": ({"name": "fedprox"}, [{"name": "dea"}], HOST_FEDERATIONS),
+    "feddyn": ({"name": "feddyn"}, None, HOST_FEDERATIONS),
+    "fedbn": ({"name": "fedbn"}, None, HOST_FEDERATIONS),
+    "moon": ({"name": "moon", "projection_dim": 32}, None, HOST_FEDERATIONS),
+    "fedper": ({"name": "fedper"}, None, HOST_FEDERATIONS),
+    "fedadam": ({"name": "fedadam"}, None, HOST_FEDERATIONS),
+    "local": ({"name": "local"}, None, ("personal",)),
+    "fedu": ({"name": "fedu"}, None, ("personal",)),
 }
 DIGITS = {"benchmark": {"name": "digits-tasks", "tasks": ["digit", "parity", "rotated", "mod3"]},
           "model": {"backbone": "cnn", "channels": [8, 16], "hidden": 32, "norm": "batch"}}
@@ -75,6 +81,10 @@ FEDERATIONS: dict[str, Callable[[int], dict[str, Any]]] = {  # the workload's pa
                       "test_size": 8, "styles": 2, "images": "disjoint"},
         "federation": {"num_clients": clients, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
         "model": {"backbone": "cnn", "channels": [8, 16], "norm": "batch", "decoder": {"width": 8}}},
+    "personal": lambda clients: {  # rotated & masked digits: one task per client, all of one label space
+        "benchmark": {"name": "rotated-masked-digits", "num_clients": clients, "patch_prob": 0.25},
+        "federation": {"num_clients": clients, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
+        "model": DIGITS["model"]},
 }
 
 
@@ -109,13 +119,12 @@ def round_kernels(config: RunConfig) -> KernelCounter:
 
 
 def kernel_table(clients: tuple[int, int] = (4, 32), execution: str = "auto",
-                 hosts: dict[str, tuple[dict[str, Any], list[dict[str, Any]] | None]] = KERNEL_HOSTS,
-                 ) -> list[dict[str, Any]]:
-    """Per host and federation: ops and host syncs of one round at each client count, and the ratio of ops."""
+                 methods: dict[str, KernelMethod] = KERNEL_METHODS) -> list[dict[str, Any]]:
+    """Per method and federation: ops and host syncs of one round at each client count, and the ratio of ops."""
     torch.set_num_threads(1)
     rows = []
-    for label, (method, plugins) in hosts.items():
-        for federation in FEDERATIONS:
+    for label, (method, plugins, federations) in methods.items():
+        for federation in federations:
             few, many = (round_kernels(kernel_config(method, plugins, n, federation, execution)) for n in clients)
             rows.append({"host": label, "federation": federation, "clients": list(clients),
                          "ops": [few.ops, many.ops], "syncs": [few.syncs, many.syncs], "ratio": many.ops / few.ops})

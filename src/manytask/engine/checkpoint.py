@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
 from manytask.errors import ManytaskError, clipped
@@ -98,38 +97,54 @@ def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
         tensors.update({f"client/{client}/{k}": v for k, v in state.items()})
     if checkpoint.torch_rng is not None:
         tensors["rng/torch"] = checkpoint.torch_rng
-    # one copy of each tensor, on the CPU and packed: what is written, hashed in place
-    tensors = {k: v.detach().to("cpu", copy=True, memory_format=torch.contiguous_format) for k, v in tensors.items()}
+    # written from where they lie: a copy only of a tensor that is not a packed CPU tensor (on a device, or strided)
+    tensors = {k: _packed(v.detach()) for k, v in tensors.items()}
     meta: dict[str, Any] = {"round": checkpoint.round, "clients": sorted(checkpoint.clients),
                             "extra": checkpoint.extra}
     if checkpoint.run is not None:
         meta["run"] = checkpoint.run.to_json()
     text = json.dumps(meta)
     tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={META_KEY: text, DIGEST_KEY: _digest(tensors, text)})
-    _sort_metadata(tmp)
+    write_safetensors(tmp, tensors, {META_KEY: text, DIGEST_KEY: _digest(tensors, text)})
     os.replace(tmp, path)
 
 
-def _sort_metadata(path: Path) -> None:
-    """Put the metadata's keys of the safetensors file at `path` in sorted order. safetensors writes them in a hash
-    map's order, which changes from one save to the next, so the same checkpoint would not always give the same
-    bytes. The reordered header has the same entries, hence the same length, and is rewritten in place; a header that
-    Python's compact JSON does not reproduce as read is left as it is."""
-    with path.open("r+b") as handle:
-        size = int.from_bytes(handle.read(8), "little")
-        text = handle.read(size).decode().rstrip(" ")  # safetensors pads the header with spaces
-        header = json.loads(text)  # dicts keep the order read
-        if _compact_json(header) != text or not isinstance(header.get("__metadata__"), dict):
-            return
-        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
-        handle.seek(8)
-        handle.write(_compact_json(header).encode())
+# the safetensors names of the dtypes a checkpoint stores
+SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                      torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                      torch.uint8: "U8", torch.bool: "BOOL"}
 
 
-def _compact_json(value: Any) -> str:
-    """JSON as safetensors (serde_json) writes it: no spaces, non-ASCII characters as they are."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+def write_safetensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+    """A safetensors file of packed CPU tensors, written from their memory (no copy, views of one stack included):
+    the 8-byte header length, the JSON header (compact, keys sorted, padded with spaces to a multiple of 8), then
+    the data, larger items first so every tensor lies at a multiple of its item size. The same tensors and metadata
+    always give the same bytes."""
+    unknown = sorted({str(v.dtype) for v in tensors.values() if v.dtype not in SAFETENSORS_DTYPES})
+    if unknown:
+        raise TypeError(f"a checkpoint cannot store {unknown[0]} tensors")
+    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
+    offset = 0
+    for key in order:
+        value = tensors[key]
+        end = offset + value.numel() * value.element_size()
+        header[key] = {"dtype": SAFETENSORS_DTYPES[value.dtype], "shape": list(value.shape),
+                       "data_offsets": [offset, end]}
+        offset = end
+    text = json.dumps(dict(sorted(header.items())), separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    with path.open("wb") as handle:
+        handle.write(len(text).to_bytes(8, "little"))
+        handle.write(text)
+        for key in order:
+            if tensors[key].numel():
+                handle.write(_raw_bytes(tensors[key]))
+
+
+def _packed(value: Tensor) -> Tensor:
+    """`value` as a packed CPU tensor: itself where it is one already, else a copy."""
+    return value.to("cpu").contiguous()  # each returns `value` itself where it is already so
 
 
 def load_checkpoint(path: Path, expected: RunIdentity | None = None) -> Checkpoint:
@@ -245,7 +260,7 @@ def _digest(tensors: dict[str, Tensor], meta_text: str) -> str:
     for name in sorted(tensors):
         value = tensors[name]
         if value.device.type != "cpu" or not value.is_contiguous():  # never so from save_checkpoint or safetensors
-            value = value.to("cpu", memory_format=torch.contiguous_format)
+            value = _packed(value)
         chunk(json.dumps([name, str(value.dtype), list(value.shape)]).encode())
         chunk(_raw_bytes(value))
     chunk(meta_text.encode())

@@ -5,15 +5,20 @@ with one client per task holding all of that task's training data."""
 
 from __future__ import annotations
 
+from functools import cached_property
+
+from manytask.execution.plan import ClientPlan, PlanResult
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, ServerProgram
 from manytask.methods.client_state import StateSchema, model_part
+from manytask.methods.common.template import ModelTemplate
 from manytask.methods.registry import REFERENCE, register_method
 from manytask.models.multitask import MultiTaskModel, load_state, trainable_state
 
 
 class PrivateModelClient(ClientProgram):
-    """Keeps its whole model (backbone + its heads) in client state; sends nothing."""
+    """Keeps its whole model (backbone + its heads) in client state; sends nothing. Its round is a plan: the run's
+    trainer on the client's data from its own model, which the executor may batch with other clients'."""
 
     supports_device = True
 
@@ -22,6 +27,18 @@ class PrivateModelClient(ClientProgram):
         self.setup.trainer().train(model, ctx.data, ctx.seed, ctx.round_index, self.setup.rounds)
         ctx.state.clear()
         ctx.state.update(trainable_state(model, ctx.data.keys()))
+
+    @cached_property
+    def template(self) -> ModelTemplate:
+        return ModelTemplate(self.setup.build_model().to(self.device))
+
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
+        return ClientPlan(self.template.model, self.setup.trainer(), ctx.round_index, self.setup.rounds, {},
+                          dict(ctx.data), self.template.start(ctx.state), ctx.seed)
+
+    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan, result: PlanResult) -> None:
+        ctx.state.clear()
+        ctx.state.update(self.template.trained(result.params, ctx.data))
 
     def state_schema(self) -> StateSchema:
         return StateSchema(type(self).__name__, {"own model": model_part(self.setup.build_model())})

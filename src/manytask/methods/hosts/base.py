@@ -36,6 +36,7 @@ from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Metrics, Setup
 from manytask.methods.client_state import StatePart, StateSchema
 from manytask.methods.common.global_model import GuardParams
+from manytask.methods.common.template import ModelTemplate
 from manytask.methods.common.updates import copy_key
 from manytask.methods.common.wire import (
     LOSS_PREFIX,
@@ -200,7 +201,7 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         acting = [type(h).__name__ for h in hooks if not isinstance(h, ParameterTerm | FeatureTerm)]
         if acting:
             raise Unbatchable(f"hook {acting[0]} acts inside the training step")
-        start = merged_state(self.initial_values, received, self.local_state(ctx, copy))
+        start = merged_state(self.values.initial_values, received, self.local_state(ctx, copy))
         return ClientPlan(copy.model, trainer, round_index, rounds, received, dict(ctx.data), start, copy.seed,
                           [h for h in hooks if isinstance(h, ParameterTerm)], self.state_update(ctx, copy),
                           [h for h in hooks if isinstance(h, FeatureTerm)])
@@ -211,22 +212,9 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         return self.build_on_device()
 
     @cached_property
-    def _template_keys(self) -> dict[tuple[str, ...], list[str]]:
-        return {}
-
-    def template_keys(self, tasks: tuple[str, ...]) -> list[str]:
-        """`state_keys` of the template for a copy of `tasks`; the template never changes, so once per task set."""
-        keys = self._template_keys.get(tasks)
-        if keys is None:
-            keys = self._template_keys[tasks] = state_keys(self.template[0], tasks)
-        return keys
-
-    @cached_property
-    def initial_values(self) -> dict[str, Tensor]:
-        """What `start` finds in every trainable parameter and buffer before it loads anything."""
-        model = self.template[0]
-        params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-        return {**params, **{n: b.detach() for n, b in model.named_buffers()}}
+    def values(self) -> ModelTemplate:
+        """The template's initial values and state keys."""
+        return ModelTemplate(self.template[0])
 
     def _check_batchable(self) -> None:
         overridden = [name for name in ("fit", "start") if getattr(type(self), name) is not getattr(HostClient, name)]
@@ -244,7 +232,7 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         scalars = fit_scalars(ctx.data, {})
         if type(self).finish is HostClient.finish and type(self).upload is HostClient.upload:
             copy = TrainedCopy(None, list(ctx.data), *self.template, received, ctx.seed)
-            keys = self.template_keys(tuple(copy.tasks))
+            keys = self.values.keys(copy.tasks)
             scalars.update({LOSS_PREFIX + t: loss for t, loss in result.report.mean_loss.items()})
             tensors.update(self.split_upload(ctx, copy, {k: result.params[k] for k in keys}))
             if plan.update is not None:

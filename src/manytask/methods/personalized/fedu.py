@@ -21,6 +21,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from manytask.client.trainer import TrainReport
+from manytask.execution.plan import ClientPlan, PlanResult
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
 from manytask.methods.client_state import StateSchema, model_part
@@ -32,6 +34,7 @@ from manytask.methods.common.personal import (
     only_task,
     personal_model,
 )
+from manytask.methods.common.template import ModelTemplate
 from manytask.methods.common.wire import (
     ArraySpec,
     array_specs,
@@ -70,9 +73,29 @@ class FeduClient(ClientProgram):
         task = only_task(self.setup, ctx.client_id, NAME)
         model = self.model_for_evaluation(ctx, payload)
         report = self.setup.trainer().train(model, ctx.data, ctx.seed, ctx.round_index, self.setup.rounds)
+        return self.reply(ctx, task, trainable_state(model, [task]), report)
+
+    @cached_property
+    def template(self) -> ModelTemplate:
+        return ModelTemplate(self.setup.build_model().to(self.device))
+
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
+        """`fit`'s training for an executor: the run's trainer from the client's own model (`own_layers`)."""
+        task = only_task(self.setup, ctx.client_id, NAME)
+        start = self.template.start(*self.own_layers(ctx, payload, task))
+        return ClientPlan(self.template.model, self.setup.trainer(), ctx.round_index, self.setup.rounds, {},
+                          dict(ctx.data), start, ctx.seed)
+
+    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan, result: PlanResult
+                 ) -> Message:
+        task = only_task(self.setup, ctx.client_id, NAME)
+        return self.reply(ctx, task, self.template.trained(result.params, [task]), result.report)
+
+    def reply(self, ctx: ClientContext, task: str, trained: dict[str, Tensor], report: TrainReport) -> Message:
+        """The trained model kept as the client's state and uploaded in role form, with the training losses."""
         ctx.state.clear()
-        ctx.state.update(trainable_state(model, [task]))
-        return Message.from_tensors(to_role(ctx.state, task), scalars=fit_scalars(ctx.data, report.mean_loss))
+        ctx.state.update(trained)
+        return Message.from_tensors(to_role(trained, task), scalars=fit_scalars(ctx.data, report.mean_loss))
 
     def state_schema(self) -> StateSchema:
         return StateSchema(type(self).__name__, {"own model": model_part(self.setup.build_model())})
@@ -81,8 +104,13 @@ class FeduClient(ClientProgram):
         """The client's own model: the model the server last updated for it when it sent one, else its state
         (the common initial model before its first round)."""
         task = only_task(self.setup, ctx.client_id, NAME)
+        return personal_model(self.setup, *self.own_layers(ctx, payload, task), device=self.device)
+
+    def own_layers(self, ctx: ClientContext, payload: Message | None, task: str) -> list[Mapping[str, Tensor]]:
+        """What the client's own model is made of, later layers winning: the common start, its state, and the model
+        the server last updated for it when it sent one."""
         received = {} if payload is None else to_task(payload.tensors(), task)
-        return personal_model(self.setup, to_task(self.start, task), ctx.state, received, device=self.device)
+        return [to_task(self.start, task), ctx.state, received]
 
 
 class FeduServer(PerClientPayloadServer):
