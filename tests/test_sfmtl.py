@@ -7,8 +7,8 @@ import torch
 
 from manytask.config import validate
 from manytask.engine.checkpoint import load_checkpoint
-from manytask.methods.manytask.sfmtl import AnchorHook
-from manytask.methods.manytask.sfmtl_math import random_graph
+from manytask.kernels import counted
+from manytask.methods.manytask.sfmtl_math import anchor_step, random_graph
 from manytask.models import build_model
 from manytask.run import resume, run_config
 from manytask.seeding import torch_generator
@@ -29,11 +29,25 @@ def test_anchor_loss_and_momentum_update_by_hand():
         model.backbone.layers[1].bias.zero_()
     x = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]])  # features = relu(x) = x
     y = torch.tensor([0, 0, 1])
-    hook = AnchorHook(torch.zeros(2, 2), weight=0.1, momentum=0.5)
-    loss = hook.batch_loss(model.backbone(x), y)
-    # class 0: mean(|[1,0]|², |[3,0]|²) / k = 5 / 2; class 1: |[0,2]|² / k = 4 / 2; 0.1 · (2.5 + 2) / 2 = 0.225
-    assert loss.item() == pytest.approx(0.225)
-    assert torch.allclose(hook.anchors, torch.tensor([[1.0, 0.0], [0.0, 1.0]]))  # 0.5·0 + 0.5·mean
+    features = model.backbone(x)
+    counter = counted(lambda: anchor_step(features, y, torch.ones(3), torch.zeros(2, 2), momentum=0.5))
+    assert counter.syncs == 0  # classes as a one-hot matrix: nothing read back to the host
+    loss, anchors = anchor_step(features, y, torch.ones(3), torch.zeros(2, 2), momentum=0.5)
+    # class 0: mean(|[1,0]|², |[3,0]|²) / k = 5 / 2; class 1: |[0,2]|² / k = 4 / 2; (2.5 + 2) / 2 = 2.25
+    assert loss.item() == pytest.approx(2.25)
+    assert torch.allclose(anchors, torch.tensor([[1.0, 0.0], [0.0, 1.0]]))  # 0.5·0 + 0.5·mean
+
+
+def test_padding_and_absent_classes_leave_the_anchor_loss_and_anchors_alone():
+    """A padded sample (mask 0) counts for nothing; a class absent from the batch keeps its anchor and is not in
+    the average."""
+    features = torch.tensor([[1.0, 0.0], [3.0, 0.0], [9.0, 9.0]])
+    anchors = torch.tensor([[0.0, 0.0], [5.0, 5.0], [7.0, 7.0]])
+    loss, moved = anchor_step(features, torch.tensor([0, 0, 1]), torch.tensor([1.0, 1.0, 0.0]), anchors, 0.5)
+    assert loss.item() == pytest.approx(2.5)  # class 0 alone: 5 / 2
+    assert torch.equal(moved[1:], anchors[1:]) and torch.allclose(moved[0], torch.tensor([1.0, 0.0]))
+    empty, same = anchor_step(features, torch.tensor([0, 0, 1]), torch.zeros(3), anchors, 0.5)
+    assert empty.item() == 0 and torch.equal(same, anchors)
 
 
 @pytest.mark.slow

@@ -144,7 +144,7 @@ def test_a_memory_budget_splits_a_round_into_batched_computations_with_the_same_
 
 PERSONAL_RUN = {  # one task per client (rotated & masked digits), a CNN with BatchNorm, gradient clipping
     "name": "personal", "rounds": 3, "seed": 0, "reference": None, "participation": 0.75, "eval_every": 1,
-    "method": ["local", "fedu", "centralized"],
+    "method": ["local", "fedu", "centralized", "sfmtl-graph"],
     "benchmark": {"name": "rotated-masked-digits", "num_clients": 8, "patch_prob": 0.25},
     "federation": {"num_clients": 8, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
     "model": {"backbone": "cnn", "channels": [4, 8], "hidden": 16, "norm": "batch"},
@@ -154,7 +154,7 @@ PERSONAL_RUN = {  # one task per client (rotated & masked digits), a CNN with Ba
 
 @pytest.mark.slow
 def test_private_models_and_fedu_train_batched_with_the_sequential_numbers(tmp_path, capsys):
-    """Local, Centralized and FedU keep a whole model per client; their rounds are plans the executor batches
+    """Local, Centralized, FedU and SFMTL-Graph keep a whole model per client; their rounds are plans the executor batches
     (no notice), and every round's losses and evaluations are the sequential ones within float tolerance."""
     sequential = run_config(validate({**PERSONAL_RUN, "execution": "sequential"}), tmp_path / "seq")
     batched = run_config(validate(PERSONAL_RUN), tmp_path / "auto")

@@ -68,6 +68,7 @@ KERNEL_METHODS: dict[str, KernelMethod] = {
     "fedadam": ({"name": "fedadam"}, None, HOST_FEDERATIONS),
     "local": ({"name": "local"}, None, ("personal",)),
     "fedu": ({"name": "fedu"}, None, ("personal",)),
+    "sfmtl-graph": ({"name": "sfmtl-graph"}, None, ("personal",)),
 }
 DIGITS = {"benchmark": {"name": "digits-tasks", "tasks": ["digit", "parity", "rotated", "mod3"]},
           "model": {"backbone": "cnn", "channels": [8, 16], "hidden": 32, "norm": "batch"}}

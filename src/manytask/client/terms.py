@@ -62,3 +62,29 @@ class FeatureTerm(TrainHook, ABC):
     @abstractmethod
     def per_sample(self, z: Tensor, anchor_zs: list[Tensor]) -> Tensor:
         """The term of each sample of one batch, (batch,)."""
+
+
+StatePiece = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+class FeatureStateTerm(TrainHook):
+    """A loss term on each batch's backbone features and labels that carries a state of its own from step to step
+    (SFMTL-Graph's class anchors): scale · Σ over the step's batches of `piece`'s loss, where
+    `piece(features, labels, mask, state) -> (loss, new state)` (mask: 1 on the batch's real samples) is the only
+    place the arithmetic is written. The sequential trainer calls `loss`, which moves `state`; the batched executor
+    maps `piece` over the rows of the clients' stacked states with `torch.func.vmap`, so it must not read a value
+    back to the host."""
+
+    def __init__(self, state: Tensor, scale: float, piece: StatePiece) -> None:
+        self.state = state
+        self.scale = scale
+        self.piece = piece
+
+    def loss(self, step: StepContext) -> Tensor | None:
+        total = None
+        for task, (_, y) in step.batches.items():
+            features = step.features[task]
+            mask = torch.ones(y.shape, dtype=features.dtype, device=features.device)
+            loss, self.state = self.piece(features, y, mask, self.state)
+            total = loss if total is None else total + loss
+        return None if total is None else self.scale * total

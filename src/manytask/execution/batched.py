@@ -42,7 +42,7 @@ from manytask.execution.layout import (
 from manytask.execution.losses import RowLoss
 from manytask.execution.norms import MaskedBatchNorm, NormContext, Statistics, masked_copy
 from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
-from manytask.execution.stacked import StackedFeatureTerm, stacked_terms, updated_states
+from manytask.execution.stacked import StackedFeatureTerm, StackedStateTerm, stacked_terms, updated_states
 from manytask.execution.steps import batched_optimizer, clip_per_client
 from manytask.models.decoders import Pyramid
 from manytask.models.multitask import BACKBONE_PREFIX, BUFFER_PREFIX
@@ -122,6 +122,9 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
     owners = round_.owners(leaves)
     terms = stacked_terms(round_, leaves)
     feature_terms = [StackedFeatureTerm(round_, position) for position in range(len(plans[0].features))]
+    if len({len(plan.state_terms) for plan in plans}) > 1:
+        raise Unbatchable("clients of the round have different feature terms with a state")
+    state_terms = [StackedStateTerm(round_, position) for position in range(len(plans[0].state_terms))]
     device = round_.device
     inputs = INPUTS.concatenated([row_inputs(round_, row) for row in round_.rows])
     batches, local = padded_batches(round_, steps, inputs)
@@ -171,12 +174,15 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
             pair_index = y_index[step][:count]
             row_y = y.index_select(0, pair_index.flatten()).view(*pair_index.shape, *y.shape[1:])
             losses.append(vmap(_head_loss(head, group.row_loss, size))(params, pair_inputs, row_y, row_weight))
+            labels = row_y  # one group when there are state terms: the labels of the rows, in row order
         step_losses = losses[0] if len(losses) == 1 else torch.cat(losses)
         loss = step_losses.sum()
         for term in terms:
             loss = loss + term.loss(live)
         for feature_term in feature_terms:
             loss = loss + feature_term.loss(live, raw_features, x, weight, layout)
+        for state_term in state_terms:
+            loss = loss + state_term.loss(raw_features, labels, mask, layout)
         grads = list(torch.autograd.grad(loss, [live[n] for n in names] + list(extra.values()), allow_unused=True,
                                          materialize_grads=True))
         with torch.no_grad():
@@ -190,7 +196,8 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                                         layout.clients, config.grad_clip)
             optimizer.step([leaves[n][:sizes[n]] for n in names], grads)
         recorded.append((step_losses.detach(), layout.pair_index))
-    return _results(round_, leaves, running, steps, recorded, updated_states(round_, leaves))
+    return _results(round_, leaves, running, steps, recorded, updated_states(round_, leaves),
+                    [term.final() for term in state_terms])
 
 
 def _backbone_passes(forward: Callable, live: Mapping[str, Tensor], leaves: Mapping[str, Tensor],
@@ -240,7 +247,8 @@ def _head_loss(head: nn.Module, row_loss: RowLoss, size: tuple[int, ...] | None)
 
 
 def _results(round_: Round, leaves: Mapping[str, Tensor], running: Mapping[str, Tensor], steps: list[int],
-             recorded: list[tuple[Tensor, Tensor]], states: list[dict[str, Tensor]]) -> list[PlanResult]:
+             recorded: list[tuple[Tensor, Tensor]], states: list[dict[str, Tensor]], term_states: list[list[Tensor]]
+             ) -> list[PlanResult]:
     """Each client's trained parameters and buffers (views of the stacks, which change no more) and its report;
     the losses are summed per pair once, in float64 (one accumulating op), and read once."""
     pairs = sum(len(group.pairs) for group in round_.groups)
@@ -264,5 +272,5 @@ def _results(round_: Round, leaves: Mapping[str, Tensor], running: Mapping[str, 
         for name in round_.buffer_names:
             params[BUFFER_PREFIX + name] = buffers[name][c]
         losses = {t: pair_losses[c, t] / max(steps[c], 1) for t in plan.data}
-        results.append(PlanResult(params, TrainReport(steps[c], losses), states[c]))
+        results.append(PlanResult(params, TrainReport(steps[c], losses), states[c], [t[c] for t in term_states]))
     return results

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from manytask.client.terms import FeatureTerm, ParameterTerm
+from manytask.client.terms import FeatureStateTerm, FeatureTerm, ParameterTerm
 from manytask.client.trainer import TaskData, Trainer, TrainReport
 
 
@@ -54,6 +54,7 @@ class ClientPlan:
     terms: list[ParameterTerm] = field(default_factory=list)
     update: StateUpdate | None = None
     features: list[FeatureTerm] = field(default_factory=list)  # terms on each batch's features (MOON's)
+    state_terms: list[FeatureStateTerm] = field(default_factory=list)  # terms with a state (SFMTL-Graph's anchors)
 
 
 @dataclass
@@ -61,3 +62,4 @@ class PlanResult:
     params: dict[str, Tensor]  # trained parameters by name, buffers as `buffer/<name>` (the `trainable_state` form)
     report: TrainReport
     state: dict[str, Tensor] = field(default_factory=dict)  # the plan's `update` applied, by parameter name
+    term_states: list[Tensor] = field(default_factory=list)  # each of the plan's `state_terms`' state after training

@@ -1,6 +1,6 @@
 """What a round's clients add to their objective and keep afterwards, stacked over the rows of the leaves that
-train: parameter terms (`ParameterTerm`), feature terms (`FeatureTerm`, with their frozen anchors) and state
-updates (`StateUpdate`)."""
+train: parameter terms (`ParameterTerm`), feature terms (`FeatureTerm`, with their frozen anchors), feature terms
+with a state of their own (`FeatureStateTerm`) and state updates (`StateUpdate`)."""
 
 from __future__ import annotations
 
@@ -107,6 +107,32 @@ class StackedFeatureTerm:
         tasks = self.per_row_tasks.to(per_sample.device, per_sample.dtype)
         tasks = (tasks[:layout.clients] if layout.rows is None else tasks.index_select(0, layout.rows)).view(-1, 1)
         return self.term.scale * (per_sample * weight * tasks).sum()
+
+
+class StackedStateTerm:
+    """One hook position's `FeatureStateTerm`s of every client: their states stacked over clients once a round,
+    the term's piece mapped over the step's active rows, the states moved in place after each step's loss."""
+
+    def __init__(self, round_: Round, position: int) -> None:
+        terms = [plan.state_terms[position] for plan in round_.plans]
+        self.term = terms[0]
+        if not round_.one_row_each or len(round_.groups) != 1:
+            raise Unbatchable("a feature term with a state needs one batch a client a step, under one head structure")
+        if any(t.scale != self.term.scale or t.piece is not self.term.piece or t.state.shape != self.term.state.shape
+               for t in terms):
+            raise Unbatchable("clients of the round weigh, compute or shape a feature term's state differently")
+        self.state = torch.stack([t.state for t in terms]).detach()
+
+    def loss(self, features: Tensor, labels: Tensor, mask: Tensor, layout: Step) -> Tensor:
+        """The term over the step's active rows (a prefix: one row per client), and their states moved."""
+        active = self.state[:layout.clients]
+        losses, moved = vmap(self.term.piece)(features, labels, mask, active)
+        active.copy_(moved)
+        return self.term.scale * losses.sum()
+
+    def final(self) -> list[Tensor]:
+        """Each client's state after the round (views of the stack)."""
+        return list(self.state.unbind(0))
 
 
 def updated_states(round_: Round, leaves: Mapping[str, Tensor]) -> list[dict[str, Tensor]]:

@@ -10,7 +10,7 @@ and its community's anchor for the next round it takes part in.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import cached_property
+from functools import cached_property, partial
 from typing import ClassVar, Literal
 
 import torch
@@ -18,13 +18,16 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
-from manytask.client.trainer import StepContext, TrainHook
+from manytask.client.terms import FeatureStateTerm
+from manytask.client.trainer import TrainReport
 from manytask.errors import ManytaskError
+from manytask.execution.plan import ClientPlan, PlanResult
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
 from manytask.methods.client_state import StatePart, StateSchema, model_part
 from manytask.methods.common.laplacian import laplacian_step
 from manytask.methods.common.personal import PerClientPayloadServer, graph_steps, only_task, personal_model
+from manytask.methods.common.template import ModelTemplate
 from manytask.methods.common.wire import (
     LOSS_PREFIX,
     SIZE_PREFIX,
@@ -34,7 +37,13 @@ from manytask.methods.common.wire import (
     counts_problem,
     task_sizes,
 )
-from manytask.methods.manytask.sfmtl_math import communities, community_anchors, random_graph, similarity_graph
+from manytask.methods.manytask.sfmtl_math import (
+    anchor_step,
+    communities,
+    community_anchors,
+    random_graph,
+    similarity_graph,
+)
 from manytask.methods.registry import MANY_TASK, register_method
 from manytask.metric_names import COMMUNITIES, community_key, graph_key
 from manytask.models.multitask import MultiTaskModel, head_prefix, trainable_state
@@ -65,33 +74,6 @@ class SfmtlParams(Params):
     )
 
 
-class AnchorHook(TrainHook):
-    """λ_a · (1/C) Σ_c mean_{n: y_n = c} ‖f(x_n) − a[c]‖² / k per batch (the paper's mean squared error, so also
-    averaged over the k feature dimensions: λ_a does not grow with the feature width); then, per class in the batch,
-    a[c] ← m·a[c] + (1 − m)·mean f(x)|y=c. The features f(x) are those of the step's forward pass."""
-
-    def __init__(self, anchors: Tensor, weight: float, momentum: float) -> None:
-        self.anchors = anchors
-        self.weight = weight
-        self.momentum = momentum
-
-    def loss(self, step: StepContext) -> Tensor | None:
-        total = torch.zeros((), device=self.anchors.device)
-        for task, (_, y) in step.batches.items():
-            total = total + self.batch_loss(step.features[task], y)
-        return total
-
-    def batch_loss(self, features: Tensor, y: Tensor) -> Tensor:
-        classes = y.unique()
-        loss = torch.zeros((), device=features.device)
-        for c in classes:
-            mine = features[y == c]
-            loss = loss + (mine - self.anchors[c]).pow(2).mean()
-            with torch.no_grad():
-                self.anchors[c] = self.momentum * self.anchors[c] + (1 - self.momentum) * mine.mean(dim=0)
-        return self.weight * loss / len(classes)
-
-
 def initial_anchors(setup: Setup, task: str, width: int) -> Tensor:
     """Normalized random anchors, identical on every client (a seed shared through the run seed)."""
     classes = setup.specs[task].num_outputs
@@ -99,23 +81,57 @@ def initial_anchors(setup: Setup, task: str, width: int) -> Tensor:
 
 
 class SfmtlClient(ClientProgram):
+    """Cross-entropy + λ_a · the anchor loss (`sfmtl_math.anchor_step`, a `FeatureStateTerm` whose state is the
+    client's anchors); uploads its head, its anchors and the bit set of its classes. Its round is a plan the
+    executor may batch with other clients'."""
+
     supports_device = True
+
+    def __init__(self, setup: Setup, params: SfmtlParams) -> None:
+        super().__init__(setup, params)
+        self.anchor_piece = partial(anchor_step, momentum=params.momentum)  # one object: the clients' terms batch
+
+    @cached_property
+    def template(self) -> ModelTemplate:
+        return ModelTemplate(self.setup.build_model().to(self.device))
 
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
         task = only_task(self.setup, ctx.client_id, NAME)
         model = self.model_for_evaluation(ctx, payload)
+        term = self.anchor_term(ctx, payload, task)
+        report = self.setup.trainer().train(model, ctx.data, ctx.seed, ctx.round_index, self.setup.rounds, [term])
+        return self.reply(ctx, task, trainable_state(model, [task]), term.state, report)
+
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
+        task = only_task(self.setup, ctx.client_id, NAME)
+        start = self.template.start(*self.own_layers(ctx, payload))
+        return ClientPlan(self.template.model, self.setup.trainer(), ctx.round_index, self.setup.rounds, {},
+                          dict(ctx.data), start, ctx.seed, state_terms=[self.anchor_term(ctx, payload, task)])
+
+    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan, result: PlanResult
+                 ) -> Message:
+        task = only_task(self.setup, ctx.client_id, NAME)
+        return self.reply(ctx, task, self.template.trained(result.params, [task]), result.term_states[0],
+                          result.report)
+
+    def anchor_term(self, ctx: ClientContext, payload: Message | None, task: str) -> FeatureStateTerm:
+        """The anchor loss from the anchors the server sent, else the client's own, else the initial ones."""
         received = {} if payload is None else payload.tensors()
-        anchors = received.get(ANCHORS, ctx.state.get(ANCHORS, initial_anchors(
-            self.setup, task, model.backbone.out_features))).to(self.device, copy=True)
-        hook = AnchorHook(anchors, self.params.anchor_weight, self.params.momentum)
-        report = self.setup.trainer().train(model, ctx.data, ctx.seed, ctx.round_index, self.setup.rounds, [hook])
+        anchors = received.get(ANCHORS, ctx.state.get(ANCHORS))
+        if anchors is None:
+            anchors = initial_anchors(self.setup, task, self.template.model.backbone.out_features)
+        return FeatureStateTerm(anchors.to(self.device), self.params.anchor_weight, self.anchor_piece)
+
+    def reply(self, ctx: ClientContext, task: str, trained: dict[str, Tensor], anchors: Tensor,
+              report: TrainReport) -> Message:
+        """The trained model and anchors kept as the client's state; its head, anchors and label bits uploaded."""
         ctx.state.clear()
-        ctx.state.update({**trainable_state(model, [task]), ANCHORS: hook.anchors})
-        labels = torch.zeros(len(anchors), dtype=torch.bool, device=self.device)
-        labels[ctx.data[task][1].unique()] = True
-        head = {k: v for k, v in trainable_state(model, [task]).items() if k.startswith(head_prefix(task))}
+        ctx.state.update({**trained, ANCHORS: anchors})
+        labels = torch.zeros(len(anchors), dtype=torch.bool, device=anchors.device)
+        labels.index_fill_(0, ctx.data[task][1], True)  # the classes it saw, without reading them back
+        head = {k: v for k, v in trained.items() if k.startswith(head_prefix(task))}
         scalars = {SIZE_PREFIX + task: len(ctx.data[task][1]), LOSS_PREFIX + task: report.mean_loss[task]}
-        return Message.from_tensors({**head, ANCHORS: hook.anchors, LABELS: labels}, scalars=scalars)
+        return Message.from_tensors({**head, ANCHORS: anchors, LABELS: labels}, scalars=scalars)
 
     def state_schema(self) -> StateSchema:
         return StateSchema(type(self).__name__, {"own model": model_part(self.setup.build_model()),
@@ -124,9 +140,13 @@ class SfmtlClient(ClientProgram):
     def model_for_evaluation(self, ctx: ClientContext, payload: Message | None) -> MultiTaskModel:
         """The client's own backbone and head (the shared initial model before its first round), with the head
         the server updated when it sent one."""
+        return personal_model(self.setup, *self.own_layers(ctx, payload), device=self.device)
+
+    def own_layers(self, ctx: ClientContext, payload: Message | None) -> list[dict[str, Tensor]]:
+        """The client's own model (its state without the anchors), then the head the server sent, if any."""
         own = {k: v for k, v in ctx.state.items() if k != ANCHORS}
         received = {} if payload is None else {k: v for k, v in payload.tensors().items() if k != ANCHORS}
-        return personal_model(self.setup, own, received, device=self.device)
+        return [own, received]
 
 
 class SfmtlServer(PerClientPayloadServer):
@@ -146,12 +166,20 @@ class SfmtlServer(PerClientPayloadServer):
         return counts_problem(client, reply, [task]) or arrays_problem(reply, self.upload_specs(task))
 
     def upload_specs(self, task: str) -> dict[str, ArraySpec]:
-        """What a client holding `task` uploads: (shape, dtype) by name."""
-        model = self.template
-        head = {k: v for k, v in trainable_state(model, [task]).items() if k.startswith(head_prefix(task))}
-        classes = self.setup.specs[task].num_outputs
-        anchors = ((classes, model.backbone.out_features), torch.get_default_dtype())
-        return {**array_specs(head), ANCHORS: anchors, LABELS: ((classes,), torch.bool)}
+        """What a client holding `task` uploads: (shape, dtype) by name (once per task: the model never changes)."""
+        specs = self._upload_specs.get(task)
+        if specs is None:
+            model = self.template
+            head = {k: v for k, v in model.named_parameters() if k.startswith(head_prefix(task))}
+            classes = self.setup.specs[task].num_outputs
+            anchors = ((classes, model.backbone.out_features), torch.get_default_dtype())
+            specs = self._upload_specs[task] = {**array_specs(head), ANCHORS: anchors,
+                                                LABELS: ((classes,), torch.bool)}
+        return specs
+
+    @cached_property
+    def _upload_specs(self) -> dict[str, dict[str, ArraySpec]]:
+        return {}
 
     @cached_property
     def template(self) -> MultiTaskModel:
@@ -166,7 +194,8 @@ class SfmtlServer(PerClientPayloadServer):
         messages = [replies[c] for c in clients]
         heads = [_head(m, t) for m, t in zip(messages, tasks, strict=True)]
         anchors = [m.tensor(ANCHORS) for m in messages]
-        labels = [m.tensor(LABELS).nonzero().flatten().tolist() for m in messages]
+        bits = torch.stack([m.tensor(LABELS) for m in messages]).tolist()  # one read for every client's classes
+        labels = [[c for c, seen in enumerate(row) if seen] for row in bits]
         weights = (similarity_graph(heads, anchors, labels, self.params.alpha, self.template.head_input)
                    if self.params.graph == "learned"
                    else random_graph(len(clients), torch_generator(self.setup.seed, "random-graph", round_index)))
@@ -188,8 +217,9 @@ class SfmtlServer(PerClientPayloadServer):
 
 def _edge_log(clients: list[int], weights: Tensor) -> dict[str, float]:
     """The graph's positive edges as `graph/<client>/<client>` scalars (smaller id first), for the graph plot."""
-    return {graph_key(a, b): float(weights[i, j]) for i, a in enumerate(clients) for j, b in enumerate(clients)
-            if i < j and weights[i, j] > 0}
+    rows = weights.tolist()  # one read, not one per pair
+    return {graph_key(a, b): rows[i][j] for i, a in enumerate(clients) for j, b in enumerate(clients)
+            if i < j and rows[i][j] > 0}
 
 
 def _head(message: Message, task: str) -> tuple[Tensor, Tensor]:

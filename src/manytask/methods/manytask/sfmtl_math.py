@@ -15,6 +15,31 @@ from torch import Tensor
 Head = tuple[Tensor, Tensor]  # (W [C, k], b [C])
 
 
+def anchor_step(features: Tensor, labels: Tensor, mask: Tensor, anchors: Tensor, momentum: float
+                ) -> tuple[Tensor, Tensor]:
+    """The client's anchor loss on one batch and its anchors after it (spec step 3, the client's objective): over
+    the classes C_b of the batch's real samples (mask 1), with n_c of them in class c and k feature dimensions,
+
+        ℓ = (1/|C_b|) Σ_{c ∈ C_b} (1/(n_c·k)) Σ_{n: y_n = c} ‖f(x_n) − a_c‖²,
+        a_c ← m·a_c + (1 − m)·(1/n_c) Σ_{n: y_n = c} f(x_n) for c ∈ C_b, the other anchors unchanged.
+
+    Classes are a one-hot matrix, so nothing is read back to the host (no `unique`, no boolean indexing) and the
+    same function runs on one client's batch or, under `vmap`, on every client's at once. A batch with no real
+    sample gives 0 and leaves the anchors as they were."""
+    classes = anchors.shape[0]
+    onehot = (labels.unsqueeze(-1) == torch.arange(classes, device=labels.device)).to(features.dtype)
+    onehot = onehot * mask.unsqueeze(-1)  # (batch, classes)
+    counts = onehot.sum(0)
+    present = (counts > 0).to(features.dtype)
+    own = onehot @ anchors  # each sample's class anchor (exact: one term of the sum is not zero)
+    per_sample = (features - own).pow(2).mean(dim=-1)
+    per_class = (onehot.T @ per_sample) / counts.clamp(min=1)
+    loss = (per_class * present).sum() / present.sum().clamp(min=1)
+    means = (onehot.T @ features.detach()) / counts.clamp(min=1).unsqueeze(-1)
+    moved = torch.where(present.unsqueeze(-1) > 0, momentum * anchors + (1 - momentum) * means, anchors)
+    return loss, moved
+
+
 def _apply(head: Head, features: Tensor) -> Tensor:
     weight, bias = head
     return features @ weight.T + bias
