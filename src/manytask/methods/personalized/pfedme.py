@@ -23,7 +23,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from manytask.client.trainer import TaskData, shuffled_batches
+from manytask.client.trainer import TaskData, mean_of, shuffled_batches
 from manytask.devices import on_device
 from manytask.errors import clipped
 from manytask.messages import Message
@@ -76,10 +76,10 @@ def train_personalized(
     """A client's pFedMe round on task `spec`: θ are the parameters of `model` named in `local` (edited in place,
     they should start at w); per batch, K `personal_step`s on θ, then a `local_update` of w.
 
-    Returns the final w and the mean of f(θ; batch) over all inner steps."""
+    Returns the final w and the mean of f(θ; batch) over all inner steps, read from the device once."""
     theta = {name: p for name, p in model.named_parameters() if name in local}
     local = {k: v.clone() for k, v in local.items()}
-    losses: list[float] = []
+    losses: list[Tensor] = []
     model.train()
     for x, y in batches:
         for _ in range(params.inner_steps):
@@ -88,9 +88,9 @@ def train_personalized(
             with torch.no_grad():
                 for (name, p), grad in zip(theta.items(), grads, strict=True):
                     p.copy_(personal_step(p, grad, local[name], params.personal_lr, params.lam))
-            losses.append(loss.item())
+            losses.append(loss.detach())
         local = {k: local_update(w, theta[k].detach(), lr, params.lam) for k, w in local.items()}
-    return local, sum(losses) / max(len(losses), 1)
+    return local, mean_of(losses, len(losses))
 
 
 class PfedmeClient(ClientProgram):
