@@ -144,7 +144,7 @@ def test_a_memory_budget_splits_a_round_into_batched_computations_with_the_same_
 
 PERSONAL_RUN = {  # one task per client (rotated & masked digits), a CNN with BatchNorm, gradient clipping
     "name": "personal", "rounds": 3, "seed": 0, "reference": None, "participation": 0.75, "eval_every": 1,
-    "method": ["local", "fedu", "centralized", "sfmtl-graph"],
+    "method": ["local", "fedu", "centralized", "sfmtl-graph", {"name": "pfedme", "lam": 1.0, "personal_lr": 0.05}],
     "benchmark": {"name": "rotated-masked-digits", "num_clients": 8, "patch_prob": 0.25},
     "federation": {"num_clients": 8, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
     "model": {"backbone": "cnn", "channels": [4, 8], "hidden": 16, "norm": "batch"},

@@ -69,6 +69,7 @@ KERNEL_METHODS: dict[str, KernelMethod] = {
     "local": ({"name": "local"}, None, ("personal",)),
     "fedu": ({"name": "fedu"}, None, ("personal",)),
     "sfmtl-graph": ({"name": "sfmtl-graph"}, None, ("personal",)),
+    "pfedme": ({"name": "pfedme"}, None, ("personal",)),
 }
 DIGITS = {"benchmark": {"name": "digits-tasks", "tasks": ["digit", "parity", "rotated", "mod3"]},
           "model": {"backbone": "cnn", "channels": [8, 16], "hidden": 32, "norm": "batch"}}

@@ -17,6 +17,12 @@ from torch.func import vmap
 from manytask.client.trainer import StepContext, TrainHook
 
 Piece = Callable[[Tensor, Tensor], Tensor]  # (a parameter, its operand) -> its scalar summand
+Move = Callable[[Tensor, Tensor], Tensor]  # (an operand, its parameter) -> the operand's next value
+
+
+def squared_distance(theta: Tensor, anchor: Tensor) -> Tensor:
+    """‖θ_k − a_k‖², one parameter's summand of a proximal term (FedProx's, pFedMe's)."""
+    return (theta - anchor).pow(2).sum()
 
 
 class ParameterTerm(TrainHook):
@@ -45,6 +51,19 @@ class ParameterTerm(TrainHook):
         for name, operand in operands.items():
             total = total + (vmap(self.piece)(params[name], operand) * present[name]).sum()
         return self.scale * total
+
+
+class MovingParameterTerm(ParameterTerm):
+    """A `ParameterTerm` whose operands move as training goes: after every `every` steps, a_k ← move(a_k, θ_k)
+    (pFedMe's local model w, which follows its personalized θ after each mini-batch's K steps). The batched
+    executor moves the stacked operands itself and returns them (`PlanResult.moved`); a program training one
+    client at a time runs the same `move`."""
+
+    def __init__(self, params: Mapping[str, Tensor], operands: Mapping[str, Tensor], scale: float, piece: Piece,
+                 move: Move, every: int) -> None:
+        super().__init__(params, operands, scale, piece)
+        self.move = move
+        self.every = every
 
 
 class FeatureTerm(TrainHook, ABC):

@@ -104,8 +104,10 @@ def train_batched(plans: Sequence[ClientPlan], plain_chains: bool = True) -> lis
                                                                             total_rounds) for p in plans):
         raise Unbatchable("clients of the round train different models, optimizers or lr schedules")
     check_model(template)
+    if len({plan.inner_steps for plan in plans}) > 1:
+        raise Unbatchable("clients of the round take different numbers of steps on a batch")
     dense = dense_round(trainer, list(dict.fromkeys(t for plan in plans for t in plan.data)))
-    own_steps = [trainer.num_steps(plan.data) for plan in plans]
+    own_steps = [trainer.num_steps(plan.data) * plan.inner_steps for plan in plans]
     order = sorted(range(len(plans)), key=lambda c: -own_steps[c])  # most steps first: the active are a prefix
     results = _train_ordered(template, trainer, [plans[c] for c in order], [own_steps[c] for c in order],
                              round_index, total_rounds, plain_chains, dense)
@@ -195,9 +197,11 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                 grads = clip_per_client(grads, [None if owners[n] is None else owners[n][:sizes[n]] for n in names],
                                         layout.clients, config.grad_clip)
             optimizer.step([leaves[n][:sizes[n]] for n in names], grads)
+            for term in terms:
+                term.move(step, leaves, sizes)
         recorded.append((step_losses.detach(), layout.pair_index))
     return _results(round_, leaves, running, steps, recorded, updated_states(round_, leaves),
-                    [term.final() for term in state_terms])
+                    [term.final() for term in state_terms], [term.final(round_) for term in terms if term.moves])
 
 
 def _backbone_passes(forward: Callable, live: Mapping[str, Tensor], leaves: Mapping[str, Tensor],
@@ -247,8 +251,8 @@ def _head_loss(head: nn.Module, row_loss: RowLoss, size: tuple[int, ...] | None)
 
 
 def _results(round_: Round, leaves: Mapping[str, Tensor], running: Mapping[str, Tensor], steps: list[int],
-             recorded: list[tuple[Tensor, Tensor]], states: list[dict[str, Tensor]], term_states: list[list[Tensor]]
-             ) -> list[PlanResult]:
+             recorded: list[tuple[Tensor, Tensor]], states: list[dict[str, Tensor]], term_states: list[list[Tensor]],
+             moved: list[list[dict[str, Tensor]]]) -> list[PlanResult]:
     """Each client's trained parameters and buffers (views of the stacks, which change no more) and its report;
     the losses are summed per pair once, in float64 (one accumulating op), and read once."""
     pairs = sum(len(group.pairs) for group in round_.groups)
@@ -272,5 +276,6 @@ def _results(round_: Round, leaves: Mapping[str, Tensor], running: Mapping[str, 
         for name in round_.buffer_names:
             params[BUFFER_PREFIX + name] = buffers[name][c]
         losses = {t: pair_losses[c, t] / max(steps[c], 1) for t in plan.data}
-        results.append(PlanResult(params, TrainReport(steps[c], losses), states[c], [t[c] for t in term_states]))
+        results.append(PlanResult(params, TrainReport(steps[c], losses), states[c], [t[c] for t in term_states],
+                                  [m[c] for m in moved]))
     return results

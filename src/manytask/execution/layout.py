@@ -127,17 +127,21 @@ class Round:
 
 def streams(round_: Round, steps: list[int]) -> Iterator[list[Tensor]]:
     """Per step, each row's batch of its own sample indices, from `Trainer.train`'s seeded streams (empty for a
-    client whose steps are done)."""
+    client whose steps are done); a batch is drawn every `inner_steps` steps and trains that many."""
     batch = round_.trainer.config.batch_size
+    every = round_.plans[0].inner_steps  # the same for every plan (`train_batched` checks)
     seeds = derive_seeds([stream_seed_request(round_.plans[row.client].seed, row.key) for row in round_.rows])
     streams = []
     for row, seed in zip(round_.rows, seeds, strict=True):
         count = round_.plans[row.client].data[row.tasks[0]][1].shape[0]
         streams.append(index_batches(count, batch, torch.Generator().manual_seed(seed)))
     empty = torch.zeros(0, dtype=torch.long)
+    drawn = [empty] * len(streams)
     for step in range(max(steps)):
-        yield [next(stream) if step < steps[row.client] else empty for row, stream in zip(round_.rows, streams,
-                                                                                             strict=True)]
+        if step % every == 0:
+            drawn = [next(stream) if step < steps[row.client] else empty for row, stream in zip(round_.rows, streams,
+                                                                                                   strict=True)]
+        yield drawn
 
 
 @dataclass

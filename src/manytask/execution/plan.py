@@ -55,6 +55,7 @@ class ClientPlan:
     update: StateUpdate | None = None
     features: list[FeatureTerm] = field(default_factory=list)  # terms on each batch's features (MOON's)
     state_terms: list[FeatureStateTerm] = field(default_factory=list)  # terms with a state (SFMTL-Graph's anchors)
+    inner_steps: int = 1  # steps on each drawn batch (pFedMe's K): the trainer's steps × this many
 
 
 @dataclass
@@ -63,3 +64,4 @@ class PlanResult:
     report: TrainReport
     state: dict[str, Tensor] = field(default_factory=dict)  # the plan's `update` applied, by parameter name
     term_states: list[Tensor] = field(default_factory=list)  # each of the plan's `state_terms`' state after training
+    moved: list[dict[str, Tensor]] = field(default_factory=list)  # each `MovingParameterTerm`'s final operands

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
 from torch.func import functional_call, vmap
 
-from manytask.client.terms import ParameterTerm
+from manytask.client.terms import MovingParameterTerm, ParameterTerm
 from manytask.execution.layout import Round, Step
 from manytask.execution.plan import Unbatchable
 from manytask.models.multitask import BACKBONE_PREFIX, merged_state
@@ -39,18 +40,50 @@ def per_leaf(round_: Round, per_client: Sequence[Mapping[str, Tensor]], leaves: 
 
 
 class StackedTerm:
-    """One hook position's parameter terms of every client, over the leaves."""
+    """One hook position's parameter terms of every client, over the leaves; the operands of a
+    `MovingParameterTerm` move in place every `every` steps."""
 
     def __init__(self, round_: Round, terms: list[ParameterTerm], leaves: Mapping[str, Tensor]) -> None:
         self.term = terms[0]
         if any(t.scale != self.term.scale or t.piece is not self.term.piece for t in terms):
             raise Unbatchable("clients of the round weigh a training term differently")
+        self.moves = isinstance(self.term, MovingParameterTerm)
+        if self.moves and any(not same_function(t.move, self.term.move) or t.every != self.term.every
+                              for t in terms):
+            raise Unbatchable("clients of the round move a training term's operands differently")
+        self.names = [list(t.operands) for t in terms]
         self.operands, self.present = per_leaf(round_, [t.operands for t in terms], leaves)
+        if self.moves:  # moved in place: the clients' own operands stay as they were
+            self.operands = {k: v.clone() for k, v in self.operands.items()}
 
     def loss(self, live: Mapping[str, Tensor]) -> Tensor:
         """The term over the live rows (a prefix of each leaf's)."""
         operands = {k: v[:len(live[k])] for k, v in self.operands.items()}
         return self.term.stacked_loss(live, operands, {k: v[:len(live[k])] for k, v in self.present.items()})
+
+    def move(self, step: int, leaves: Mapping[str, Tensor], sizes: Mapping[str, int]) -> None:
+        """After step `step` (0-based) of the active rows (`sizes`, per leaf): a ← move(a, θ) every `every` steps."""
+        if not self.moves or (step + 1) % self.term.every:
+            return
+        for leaf, operand in self.operands.items():
+            active = operand[:sizes[leaf]]
+            active.copy_(self.term.move(active, leaves[leaf][:sizes[leaf]]))
+
+    def final(self, round_: Round) -> list[dict[str, Tensor]]:
+        """Each client's operands after the round, by parameter name (views of the stacks)."""
+        results = []
+        for client, names in enumerate(self.names):
+            places = {name: round_.leaf_of(client, name) for name in names}
+            results.append({name: self.operands[leaf][row] for name, (leaf, row) in places.items()})
+        return results
+
+
+def same_function(a: object, b: object) -> bool:
+    """`a` is `b`, or both are `functools.partial`s of one function with equal arguments (a per-client partial)."""
+    if a is b:
+        return True
+    return (isinstance(a, partial) and isinstance(b, partial) and a.func is b.func and a.args == b.args
+            and a.keywords == b.keywords)
 
 
 class StackedFeatureTerm:

@@ -10,7 +10,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from manytask.client.terms import ParameterTerm
+from manytask.client.terms import ParameterTerm, squared_distance
 from manytask.client.trainer import TrainHook
 from manytask.methods.base import ClientContext, MethodDef
 from manytask.methods.hosts.base import TrainedCopy
@@ -23,11 +23,6 @@ class FedProxParams(FedAvgParams):
     # ranges for manytask tune: FedProx sweeps μ over {0.001, 0.01, 0.1, 1}
     SEARCH_SPACE: ClassVar[Space] = {"mu": log_range(1e-3, 1.0)}
     mu: float = Field(default=0.01, ge=0, description="proximal strength μ")
-
-
-def squared_distance(theta: Tensor, anchor: Tensor) -> Tensor:
-    """‖θ_k − θ^global_k‖², one parameter's summand of the proximal term."""
-    return (theta - anchor).pow(2).sum()
 
 
 def proximal_term(params: Mapping[str, Tensor], anchor: Mapping[str, Tensor], mu: float) -> Tensor:

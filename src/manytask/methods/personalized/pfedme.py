@@ -16,6 +16,7 @@ its optimizer, momentum, weight decay and gradient clipping do not apply.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import cached_property, partial
 from itertools import islice
 from typing import ClassVar
 
@@ -23,17 +24,20 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from manytask.client.trainer import TaskData, mean_of, shuffled_batches
+from manytask.client.terms import MovingParameterTerm, squared_distance
+from manytask.client.trainer import TaskData, Trainer, mean_of, shuffled_batches
 from manytask.devices import on_device
 from manytask.errors import clipped
+from manytask.execution.plan import ClientPlan, PlanResult
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
 from manytask.methods.client_state import StateSchema, model_part
 from manytask.methods.common.global_model import GlobalModel, GlobalModelServer, GuardParams, fedavg_weights_of
 from manytask.methods.common.personal import check_shared_head, only_task, personal_model
+from manytask.methods.common.template import ModelTemplate
 from manytask.methods.common.wire import fit_scalars, mean_train_losses
 from manytask.methods.registry import PERSONALIZED, register_method
-from manytask.models.multitask import MultiTaskModel, to_role, to_task, trainable_state
+from manytask.models.multitask import MultiTaskModel, is_buffer, to_role, to_task, trainable_state
 from manytask.search_space import Space, log_range
 from manytask.tasks.task import TaskSpec
 
@@ -94,24 +98,63 @@ def train_personalized(
 
 
 class PfedmeClient(ClientProgram):
+    """`fit` runs Algorithm 1's loop (`train_personalized`); `plan` describes the same round for an executor:
+    plain SGD at the personal rate on f(θ) + (λ/2)‖θ − w‖², K steps on each mini-batch, and w moved by
+    `local_update` after each mini-batch (a `MovingParameterTerm` whose operands are w)."""
+
     supports_device = True
 
     def __init__(self, setup: Setup, params: PfedmeParams) -> None:
         super().__init__(setup, params)
         self.start = setup.common_start()
+        # the inner steps: plain gradient steps at the personal rate (no momentum, weight decay, clipping, schedule)
+        self.inner_trainer = Trainer(setup.train.model_copy(update={
+            "optimizer": "sgd", "lr": params.personal_lr, "momentum": 0.0, "weight_decay": 0.0, "grad_clip": None,
+            "lr_schedule": "constant"}), setup.specs)
+
+    @cached_property
+    def template(self) -> ModelTemplate:
+        return ModelTemplate(self.setup.build_model().to(self.device))
+
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
+        assert payload is not None, "pFedMe clients always receive the global model"
+        task = only_task(self.setup, ctx.client_id, NAME)
+        local = to_task(payload.tensors(), task)
+        start = self.template.start(local)  # θ starts at w
+        params = dict(self.template.model.named_parameters())
+        w = {k: start[k] for k in local if k in params}  # its parameters; its buffers follow θ's (`reply`)
+        lr = self.setup.train.lr_at(ctx.round_index, self.setup.rounds)
+        move = partial(local_update, lr=lr, lam=self.params.lam)
+        term = MovingParameterTerm(params, w, 0.5 * self.params.lam, squared_distance, move, self.params.inner_steps)
+        return ClientPlan(self.template.model, self.inner_trainer, ctx.round_index, self.setup.rounds, {},
+                          dict(ctx.data), start, ctx.seed, [term], inner_steps=self.params.inner_steps)
+
+    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan, result: PlanResult
+                 ) -> Message:
+        task = only_task(self.setup, ctx.client_id, NAME)
+        theta = self.template.trained(result.params, [task])
+        sent = {} if payload is None else to_task(payload.tensors(), task)
+        return self.reply(ctx, task, sent, theta, result.moved[0], result.report.mean_loss)
 
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
         assert payload is not None, "pFedMe clients always receive the global model"
         task = only_task(self.setup, ctx.client_id, NAME)
         local = on_device(to_task(payload.tensors(), task), self.device)
         model = personal_model(self.setup, local, device=self.device)  # θ starts at w
-        local, loss = train_personalized(
-            model, local, self._batches(ctx.data, task, ctx.seed), self.setup.specs[task],
-            self.setup.train.lr_at(ctx.round_index, self.setup.rounds), self.params,
+        moved, loss = train_personalized(
+            model, {k: v for k, v in local.items() if not is_buffer(k)}, self._batches(ctx.data, task, ctx.seed),
+            self.setup.specs[task], self.setup.train.lr_at(ctx.round_index, self.setup.rounds), self.params,
         )
+        return self.reply(ctx, task, local, trainable_state(model, [task]), moved, {task: loss})
+
+    def reply(self, ctx: ClientContext, task: str, sent: Mapping[str, Tensor], theta: dict[str, Tensor],
+              moved: dict[str, Tensor], losses: dict[str, float]) -> Message:
+        """θ kept as the client's state; w uploaded: its parameters as moved, its buffers (BatchNorm statistics,
+        which the envelope step does not move) those θ ended with, in the dtypes the server sent."""
         ctx.state.clear()
-        ctx.state.update(trainable_state(model, [task]))  # θ
-        return Message.from_tensors(to_role(local, task), scalars=fit_scalars(ctx.data, {task: loss}))
+        ctx.state.update(theta)
+        local = {**moved, **{k: v.to(sent[k].dtype) for k, v in theta.items() if is_buffer(k) and k in sent}}
+        return Message.from_tensors(to_role(local, task), scalars=fit_scalars(ctx.data, losses))
 
     def state_schema(self) -> StateSchema:
         return StateSchema(type(self).__name__, {"own model": model_part(self.setup.build_model())})
