@@ -56,14 +56,15 @@ TRACED = ("mkdir", "openat", "write", "ftruncate", "rename", "renameat", "rename
 ROW_CLOCK = ("wall_seconds", "client_seconds", "energy_joules")
 SUMMARY_CLOCK = ("wall_seconds", "client_compute_seconds", "energy_joules")
 KILLED_PHASES = re.compile(r"^(create|(\w+ )?round [12]|(\w+ )?summary|comparison summary)$")
-# --quick: (kind, phase, syscall, path) of six kills, renames and writes, in both kinds of run.
+# --quick: (kind, phase, syscall, path) of six kills, renames and writes, in both kinds of run; each kills the first
+# call that matches it (a checkpoint is written in several calls: the first leaves a torn temporary).
 QUICK = {
     ("single", "create", "rename", "config.yaml"),  # left only config.yaml.tmp: once a directory nothing resumed
-    ("single", "round 1", "write", ".tmp*"),
+    ("single", "round 1", "write", "checkpoint.safetensors.tmp"),
     ("single", "round 2", "rename", "checkpoint.safetensors"),
     ("comparison", "create", "rename", "local/config.yaml"),
     ("comparison", "fedavg round 2", "write", "fedavg/metrics.jsonl"),
-    ("comparison", "local round 1", "renameat", "local/checkpoint.safetensors.tmp"),
+    ("comparison", "local round 1", "write", "local/checkpoint.safetensors.tmp"),
 }
 # Full mode: the kills whose directory is resumed by a resume that is itself killed at a few of its own calls.
 RESUME_BASES = {
@@ -226,7 +227,10 @@ def select(calls: list[Call], kind: str, quick: bool) -> list[Call]:
     """The kill points: in --quick the six of QUICK, else every change of the creation, the first two rounds and the
     summaries, and the write of report.md."""
     if quick:
-        return [c for c in calls if (kind, c.phase, c.syscall, c.path) in QUICK]
+        first: dict[tuple[str, str, str, str], Call] = {}
+        for c in calls:
+            first.setdefault((kind, c.phase, c.syscall, c.path), c)
+        return [c for key, c in first.items() if key in QUICK]
     return [c for c in calls if chosen(c)]
 
 

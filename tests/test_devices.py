@@ -36,6 +36,23 @@ def test_cuda_without_a_gpu_is_refused_in_one_sentence():
         resolve_device("cuda")
 
 
+def test_a_numbered_gpu_is_checked_against_the_gpus_torch_sees(monkeypatch):
+    """`cuda:N` names GPU N; past the GPUs torch sees, or without any, it is refused in one sentence; anything else
+    is refused by the config."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_device("auto") == torch.device("cuda")
+    with pytest.raises(ManytaskError, match=r"device: cuda:2, but torch sees 2 GPUs \(cuda:0 to cuda:1\)"):
+        resolve_device("cuda:2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ManytaskError, match="device: cuda:0, but torch .* sees no CUDA GPU"):
+        resolve_device("cuda:0")
+    for bad in ("gpu", "cuda:", "cuda:-1", "cuda1", "CPU"):
+        with pytest.raises(ManytaskError, match="device"):
+            validate({**CONFIG, "device": bad})
+
+
 def test_a_client_program_without_device_support_stays_on_the_cpu_with_a_notice(capsys):
     runner = ClientRunner(Experiment.build(validate({**CONFIG, "method": "matu", "device": "cpu"})))
     assert runner._device(torch.device("cuda")) == CPU  # never touches CUDA: the program declines first

@@ -60,6 +60,27 @@ def test_resume_after_stop_is_bit_identical_to_uninterrupted(tmp_path):
     assert [json.loads(r)["round"] for r in rows] == [1, 2, 3, 4]
 
 
+def test_a_run_checkpointed_every_second_round_resumes_to_the_uninterrupted_numbers(tmp_path):
+    """`checkpoint_every: 2`: a crash after round 3 leaves the checkpoint of round 2; the resumed run drops round 3's
+    row, redoes it and ends with the numbers of a run never stopped (whose checkpoints came every round)."""
+    data = small_config_dict(method=["fedavg", "local", "sfmtl-graph"], rounds=5, participation=0.5, dropout=0.2,
+                             benchmark={"name": "rotated-masked-digits", "num_clients": 6, "patch_prob": 0.25},
+                             federation={"num_clients": 6, "tasks": {"kind": "one-per-client"},
+                                         "samples": {"kind": "iid"}})
+    full = run_config(validate(data), tmp_path / "full")
+    assert run_config(validate({**data, "checkpoint_every": 2}), tmp_path / "cut", stop_after=3) is None
+    assert load_checkpoint(tmp_path / "cut" / "fedavg" / "checkpoint.safetensors").round == 2
+    rows = (tmp_path / "cut" / "fedavg" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["round"] for r in rows] == [1, 2, 3]
+    resumed = resume(tmp_path / "cut")
+    for label in ("fedavg", "local", "sfmtl-graph"):
+        assert resumed[label]["tasks"] == full[label]["tasks"], label
+        assert _final_metrics(tmp_path / "cut" / label) == _final_metrics(tmp_path / "full" / label)
+    assert load_checkpoint(tmp_path / "cut" / "fedavg" / "checkpoint.safetensors").round == 5  # the last round's
+    rows = (tmp_path / "cut" / "fedavg" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["round"] for r in rows] == [1, 2, 3, 4, 5]
+
+
 def test_resume_drops_metric_rows_written_after_the_last_checkpoint(tmp_path):
     data = small_config_dict(rounds=3)
     run_config(validate(data), tmp_path / "run", stop_after=1)

@@ -27,7 +27,7 @@ import torch
 
 from manytask.client.optimizers import PlainSGD
 from manytask.client.trainer import TaskData, shuffled_batches
-from manytask.compute_limit import compute_limit
+from manytask.compute_limit import compute_limit, member_limits
 from manytask.config import RunConfig, validate
 from manytask.engine.local import local_engine
 from manytask.engine.loop import RoundLoop
@@ -319,7 +319,7 @@ def flower_installed() -> bool:
     return importlib.util.find_spec("flwr") is not None
 
 
-PARTS = ("kernels", "limit", "engine", "workers", "memory", "matu", "sfmtl", "flower")  # what `--only` can pick
+PARTS = ("kernels", "limit", "members", "engine", "workers", "memory", "matu", "sfmtl", "flower")  # `--only` picks
 
 
 def run_bench(
@@ -334,6 +334,7 @@ def run_bench(
     measures: dict[str, tuple[str, Callable[[], Any]]] = {
         "kernels_per_round": ("kernels", kernel_table),
         "compute_limit": ("limit", lambda: compute_limit(turns=3 * rounds)),
+        "member_limits": ("members", lambda: member_limits(turns=rounds)),
         "engine_overhead": ("engine", lambda: engine_overhead(rounds=rounds)),
         "parallel_clients": ("workers", lambda: parallel_speedup(rounds=rounds)),
         "peak_memory": ("memory", peak_memory),
@@ -369,6 +370,16 @@ def _limit_table(limit: dict) -> BenchTable:
           f"{limit['bare_s_per_round']:.4f}", f"{limit['sequential_ratio']:.3f}"]],
         f"the compute limit (SFMTL's CNN on {limit['source']}, {limit['steps']} local steps, FedAvg, 1 thread; "
         f"median rounds and median paired ratios over {limit['turns']} turns)")
+
+
+def _members_table(rows: list[dict]) -> BenchTable:
+    first = rows[0]
+    return (
+        ["member", "steps", "batched s/round", "concatenated s/round", "batched / concatenated"],
+        [[r["member"], str(r["steps"]), f"{r['batched_s_per_round']:.4f}", f"{r['concatenated_s_per_round']:.4f}",
+          f"{r['ratio']:.3f}"] for r in rows],
+        f"every member of the SFMTL comparison against the batched limit ({first['clients']} clients, SFMTL's CNN on "
+        f"{first['source']}, 1 thread; median rounds and median paired ratios over {first['turns']} turns)")
 
 
 def _engine_table(rows: list[dict]) -> BenchTable:
@@ -422,7 +433,7 @@ def _flower_table(sim: dict) -> BenchTable:
 
 TABLES: dict[str, Callable[[Any], BenchTable]] = {  # the printed tables, in order, by their part's JSON key
     "kernels_per_round": _kernels_table,
-    "compute_limit": _limit_table,
+    "compute_limit": _limit_table, "member_limits": _members_table,
     "engine_overhead": _engine_table, "parallel_clients": _workers_table, "peak_memory": _memory_table,
     "matu_server_step": _matu_table, "sfmtl_graph": _sfmtl_table, "flower_simulation": _flower_table,
 }

@@ -11,6 +11,9 @@ machinery:
   same 3 steps: what one batched round cannot beat;
 - the *sequential limit*: one reused model trained on each client's batches in turn, then averaged: the bare loop
   the sequential engine is compared with.
+
+`member_limits` holds every member of the SFMTL comparison (`SFMTL_MEMBERS`) to the batched limit on the same
+workload: its batched round against the concatenated loop taking the member's steps (pFedMe's K per batch).
 """
 
 from __future__ import annotations
@@ -30,15 +33,25 @@ from manytask.experiment import Experiment
 from manytask.seeding import torch_generator
 
 CLIENTS, STEPS, BATCH = 20, 3, 32
+# the members of the SFMTL comparison (configs/sfmtl/fashion_mnist_rotated_masked.yaml), each with its steps per batch
+SFMTL_MEMBERS: dict[str, tuple[dict[str, Any], int]] = {
+    "sfmtl-graph": ({"name": "sfmtl-graph"}, 1),
+    "sfmtl-random-graph": ({"name": "sfmtl-graph", "graph": "random"}, 1),
+    "fedu": ({"name": "fedu"}, 1),
+    "pfedme": ({"name": "pfedme"}, 5),  # K = 5 inner steps on each batch
+    "fedavg": ({"name": "fedavg", "shared_head": True}, 1),
+    "local": ({"name": "local"}, 1),
+}
 
 
 def source() -> str:
     return "fashion-mnist" if (Path(DEFAULT_ROOT) / "train-images-idx3-ubyte.gz").exists() else "digits"
 
 
-def limit_config(execution: str, rounds: int, clients: int = CLIENTS) -> RunConfig:
+def limit_config(execution: str, rounds: int, clients: int = CLIENTS, method: dict[str, Any] | None = None
+                 ) -> RunConfig:
     return validate({
-        "name": f"limit-{execution}", "method": "fedavg", "rounds": rounds, "seed": 0, "reference": None,
+        "name": f"limit-{execution}", "method": method or "fedavg", "rounds": rounds, "seed": 0, "reference": None,
         "benchmark": {"name": "label-skew", "source": source(), "num_clients": clients, "classes_per_client": 2},
         "federation": {"num_clients": clients, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
         "model": {"backbone": "cnn", "channels": [32, 64, 128], "hidden": 512, "signed_features": True},
@@ -67,9 +80,9 @@ def _client_batches(data: Data, round_index: int) -> list[list[tuple[torch.Tenso
     return batches
 
 
-def concatenated_runner(rounds: int) -> Callable[[int], None]:
+def concatenated_runner(rounds: int, inner: int = 1) -> Callable[[int], None]:
     """The batched limit as a function that runs its next `count` rounds: one model, one head, every step on all
-    clients' batches at once."""
+    clients' batches at once, `inner` steps on each."""
     experiment = Experiment.build(limit_config("sequential", rounds + 2))
     device = resolve_device(experiment.config.device)
     model = experiment.setup.build_model().to(device)
@@ -82,7 +95,7 @@ def concatenated_runner(rounds: int) -> Callable[[int], None]:
         for _ in range(count):
             batches = _client_batches(data, done[0])
             steps = [(torch.cat([b[s][0] for b in batches]), torch.cat([b[s][1] for b in batches]))
-                     for s in range(STEPS)]
+                     for s in range(STEPS) for _ in range(inner)]
             opt = torch.optim.SGD(params, lr=0.05)
             for x, y in steps:
                 opt.zero_grad(set_to_none=True)
@@ -148,3 +161,20 @@ def compute_limit(turns: int = 15) -> dict[str, Any]:
             **{f"{k}_s_per_round": statistics.median(v) for k, v in seconds.items()},
             "batched_ratio": paired_ratio(seconds["batched"], seconds["concatenated"]),
             "sequential_ratio": paired_ratio(seconds["sequential"], seconds["bare"])}
+
+
+def member_limits(turns: int = 15) -> list[dict[str, Any]]:
+    """Per member of `SFMTL_MEMBERS`: its batched round and the concatenated loop of its steps, side by side
+    (`paired_rounds`), and the median paired ratio, which the project holds to ≤ 1.5."""
+    from manytask.bench import engine_runner, paired_ratio, paired_rounds
+
+    torch.set_num_threads(1)
+    total = turns + 3
+    rows = []
+    for label, (method, inner) in SFMTL_MEMBERS.items():
+        with engine_runner(limit_config("vectorized", total, method=method)) as batched:
+            seconds = paired_rounds({"batched": batched, "concatenated": concatenated_runner(total, inner)}, turns)
+        rows.append({"member": label, "clients": CLIENTS, "steps": STEPS * inner, "source": source(),
+                     "turns": turns, **{f"{k}_s_per_round": statistics.median(v) for k, v in seconds.items()},
+                     "ratio": paired_ratio(seconds["batched"], seconds["concatenated"])})
+    return rows

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from manytask.client.trainer import TrainConfig
+from manytask.devices import DEVICE_PATTERN
 from manytask.engine.adversaries import AdversaryConfig
 from manytask.errors import ManytaskError, clipped
 from manytask.input_limits import load_limited, read_config_text, shown_path
@@ -112,8 +113,13 @@ class RunConfig(Params):
     memory_budget_gb: float | None = Field(
         default=None, gt=0, description="execution auto or vectorized: memory one batched computation may take "
         "(estimated per client); more clients train in several; none: half a GPU's free memory, a quarter of RAM")
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        default="auto", description="where clients train: auto picks the GPU when torch sees one, else the CPU"
+    device: str = Field(
+        default="auto", pattern=DEVICE_PATTERN, description="where clients train: cpu, cuda (the first GPU), "
+        "cuda:N (GPU N), or auto (the first GPU when torch sees one, else the CPU)"
+    )
+    checkpoint_every: int = Field(
+        default=1, ge=1, description="write the checkpoint after every k-th round (and the last): a resumed run "
+        "gives the uninterrupted numbers either way, redoing at most k - 1 rounds"
     )
     power_watts: float = Field(
         15.0, gt=0, description="power of one busy client process for energy estimates (W): a laptop CPU core"

@@ -1,36 +1,43 @@
-"""Where client training runs (`device: auto | cpu | cuda`).
+"""Where client training runs (`device: auto | cpu | cuda | cuda:N`).
 
-`auto` is the GPU when torch sees one, else the CPU. Client programs that support a device (the host methods, the
-plug-ins over them, SFMTL-Graph, FedU, pFedMe and the private-model references) build their models there, receive
-their data, payloads and state there, and train there; what crosses the wire is still serialized from CPU arrays,
-and client state is handed back on the CPU, so messages, byte counts and checkpoints do not depend on the device.
-Servers aggregate on the CPU."""
+`auto` is the first GPU when torch sees one, else the CPU; `cuda:N` is GPU N. Client programs that support a device
+(the host methods, the plug-ins over them, SFMTL-Graph, FedU, pFedMe and the private-model references) build their
+models there, receive their data, payloads and state there, and train there; what crosses the wire is still
+serialized from CPU arrays, and client state is handed back on the CPU, so messages, byte counts and checkpoints do
+not depend on the device. Servers aggregate on the CPU."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from manytask.errors import ManytaskError
 
-DeviceName = Literal["auto", "cpu", "cuda"]
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"  # what a config's `device` may say
 CPU = torch.device("cpu")
 
 
-def resolve_device(name: DeviceName) -> torch.device:
-    """The torch device a config's `device` names; `cuda` without a usable GPU is an error, not a silent CPU run."""
+def resolve_device(name: str) -> torch.device:
+    """The torch device a config's `device` names; `cuda` without a usable GPU, or `cuda:N` past the GPUs torch
+    sees, is an error, not a silent run elsewhere."""
     if name == "cpu":
         return CPU
     if torch.cuda.is_available():
-        return torch.device("cuda")
+        if name == "auto":
+            return torch.device("cuda")
+        device = torch.device(name)
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ManytaskError(f"device: {name}, but torch sees {count} GPU{'s' if count != 1 else ''} "
+                                f"(cuda:0 to cuda:{count - 1}); name one of them, or use device: cuda.")
+        return device
     if name == "auto":
         return CPU
     built = "built without CUDA" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-    raise ManytaskError(f"device: cuda, but torch ({torch.__version__}, {built}) sees no CUDA GPU; use device: auto "
-                        "or cpu, or install a CUDA build of torch on a machine with a GPU.")
+    raise ManytaskError(f"device: {name}, but torch ({torch.__version__}, {built}) sees no CUDA GPU; use device: "
+                        "auto or cpu, or install a CUDA build of torch on a machine with a GPU.")
 
 
 def on_device(tensors: Mapping[str, Tensor], device: torch.device) -> dict[str, Tensor]:

@@ -45,7 +45,8 @@ DIGEST_KEY = "manytask-digest"
 
 # Config fields that say where and how fast a run's clients train, not what they compute (the config documents the
 # numbers as independent of them): a run directory whose config.yaml was edited in these alone still resumes.
-PLACEMENT_FIELDS = ("threads", "workers", "execution", "vector_clients", "memory_budget_gb", "device")
+PLACEMENT_FIELDS = ("threads", "workers", "execution", "vector_clients", "memory_budget_gb", "device",
+                    "checkpoint_every")
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,8 @@ class RoundLoop:
             row.update(energy.reading(meter))  # energy_joules, energy_source: recorded only, never fed back
             elapsed += row["wall_seconds"]
             self.run_dir.append_metrics(row)
-            self._checkpoint(round_index + 1, elapsed)
+            if (round_index + 1) % self.exp.config.checkpoint_every == 0 or round_index + 1 == total:
+                self._checkpoint(round_index + 1, elapsed)
             if self.observer:
                 self.observer.finished_round(row)
             if stop_after is not None and round_index + 1 >= stop_after and round_index + 1 < total:
