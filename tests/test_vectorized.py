@@ -112,12 +112,12 @@ def test_batched_encoder_decoder_rounds_give_the_sequential_numbers(tmp_path, ca
 
 @pytest.mark.slow
 def test_methods_that_cannot_vectorize_run_sequentially_with_one_notice(tmp_path, capsys):
-    config = {**RUN, "method": ["gradnorm", {"name": "fedavg", "per_task": True}]}
+    config = {**RUN, "method": ["gradnorm", {"name": "fedavg", "label": "fedavg-linear", "linearize": True}]}
     sequential = run_config(validate({**config, "execution": "sequential"}), tmp_path / "seq")
     vectorized = run_config(validate({**config, "execution": "vectorized"}), tmp_path / "vec")
     notices = [line for line in capsys.readouterr().err.splitlines() if "one after another" in line]
-    assert len(notices) == 2 and "fit of its own" in notices[0] and "per_task" in notices[1], notices
-    for label in ("gradnorm", "fedavg"):
+    assert len(notices) == 2 and "fit of its own" in notices[0] and "wrapper" in notices[1], notices
+    for label in ("gradnorm", "fedavg-linear"):
         assert vectorized[label]["tasks"] == sequential[label]["tasks"]
         seq = _rows(tmp_path / "seq" / label / "metrics.jsonl")
         vec = _rows(tmp_path / "vec" / label / "metrics.jsonl")
@@ -166,6 +166,32 @@ def test_private_models_and_fedu_train_batched_with_the_sequential_numbers(tmp_p
             assert a["sampled"] == b["sampled"]
             for key, loss in a["fit"].items():
                 assert b["fit"][key] == pytest.approx(loss, rel=1e-4), (label, key)
+            for task, metrics in a["eval"].items():
+                assert b["eval"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), (label, task)
+        assert batched[label]["average"] == pytest.approx(summary["average"], abs=0.01), label
+
+
+@pytest.mark.slow
+def test_copies_per_task_train_batched_with_the_sequential_numbers(tmp_path, capsys):
+    """MaTU and a host with `per_task` train one copy per held task: their round is one plan per copy, batched with
+    the other clients' copies (no notice), and gives the sequential numbers within float tolerance."""
+    config = {**RUN, "method": ["matu", {"name": "matu", "label": "matu-plain", "unify": False},
+                                {"name": "fedavg", "label": "fedavg-per-task", "per_task": True},
+                                {"name": "fedprox", "label": "fedprox-per-task", "per_task": True, "mu": 0.1}],
+              "dropout": 0.0,
+              "model": {"backbone": "mlp", "hidden": [32], "adapter": {"rank": 4, "alpha": 8}}}
+    sequential = run_config(validate({**config, "execution": "sequential"}), tmp_path / "seq")
+    batched = run_config(validate(config), tmp_path / "auto")
+    assert "one after another" not in capsys.readouterr().err
+    for label, summary in sequential.items():
+        seq, bat = _rows(tmp_path / "seq" / label / "metrics.jsonl"), _rows(tmp_path / "auto" / label / "metrics.jsonl")
+        for a, b in zip(seq, bat, strict=True):
+            # the same arrays on the wire; the rescalers travel as JSON numbers, whose digits follow the rounding
+            assert a["bytes_up"].keys() == b["bytes_up"].keys(), label
+            assert all(abs(a["bytes_up"][c] - b["bytes_up"][c]) <= 16 for c in a["bytes_up"]), label
+            for key, loss in a["fit"].items():
+                if key.startswith("train_loss/"):
+                    assert b["fit"][key] == pytest.approx(loss, rel=1e-4), (label, key)
             for task, metrics in a["eval"].items():
                 assert b["eval"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), (label, task)
         assert batched[label]["average"] == pytest.approx(summary["average"], abs=0.01), label

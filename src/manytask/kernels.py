@@ -57,7 +57,7 @@ def counted(action: Callable[[], Any]) -> KernelCounter:
 KernelMethod = tuple[dict[str, Any], list[dict[str, Any]] | None, tuple[str, ...]]  # entry, plug-ins, federations
 HOST_FEDERATIONS = ("one-task", "multi-task", "dense")
 # the methods held to ≤ 1.5 kernels per round at 32 clients ÷ 4, each on the federations it runs on: the hosts
-# (issue 32), and the methods that keep a model per client (issue 34) on one-task clients of one label space
+# (issue 32), MaT-FL, and the methods that keep a model per client (issue 34) on one-task clients of one label space
 KERNEL_METHODS: dict[str, KernelMethod] = {
     "fedavg": ({"name": "fedavg"}, None, HOST_FEDERATIONS),
     "fedprox+dea": ({"name": "fedprox"}, [{"name": "dea"}], HOST_FEDERATIONS),
@@ -66,6 +66,10 @@ KERNEL_METHODS: dict[str, KernelMethod] = {
     "moon": ({"name": "moon", "projection_dim": 32}, None, HOST_FEDERATIONS),
     "fedper": ({"name": "fedper"}, None, HOST_FEDERATIONS),
     "fedadam": ({"name": "fedadam"}, None, HOST_FEDERATIONS),
+    "fedavg+dea": ({"name": "fedavg"}, [{"name": "dea"}], ("dense",)),  # FedDEA's setting: encoder–decoders
+    "matfl": ({"name": "matfl"}, None, ("one-task", "multi-task")),
+    "fedavg per task": ({"name": "fedavg", "per_task": True}, None, ("multi-task",)),  # the default job's FedAvg
+    "matu": ({"name": "matu"}, None, ("multi-task",)),
     "local": ({"name": "local"}, None, ("personal",)),
     "fedu": ({"name": "fedu"}, None, ("personal",)),
     "sfmtl-graph": ({"name": "sfmtl-graph"}, None, ("personal",)),

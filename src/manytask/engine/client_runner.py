@@ -75,18 +75,21 @@ class ClientRunner:
         began = time.perf_counter()
         received = _decoded_once([payloads[c] for c in clients])
         try:
-            plans = [self.program.plan(ctx, payload) for ctx, payload in zip(ctxs, received, strict=True)]
+            made = [self.program.plan(ctx, payload) for ctx, payload in zip(ctxs, received, strict=True)]
+            plans = [plan for entry in made for plan in (entry if isinstance(entry, list) else [entry])]
             groups = batches(plans, self.budget)
             if len(groups) > 1:
                 self._notice(f"the memory budget of {self.budget / 2**30:.1f} GB holds {len(groups[0])} of its "
-                             f"{len(plans)} clients at once, so they train in {len(groups)} batched computations",
+                             f"{len(plans)} models at once, so they train in {len(groups)} batched computations",
                              "batches")
-            results = [result for group in groups for result in train_batched([plans[i] for i in group])]
+            results = iter([result for group in groups for result in train_batched([plans[i] for i in group])])
         except Unbatchable as why:
             self._notice(str(why))
             return {c: self.fit(c, round_index, payloads[c], states[c]) for c in clients}
-        replies = [self.program.conclude(ctx, payload, plan, result)
-                   for ctx, payload, plan, result in zip(ctxs, received, plans, results, strict=True)]
+        # each client's results as it made its plans: one result, or a list for a list of plans (one per copy)
+        outcomes = [[next(results) for _ in entry] if isinstance(entry, list) else next(results) for entry in made]
+        replies = [self.program.conclude(ctx, payload, entry, outcome)
+                   for ctx, payload, entry, outcome in zip(ctxs, received, made, outcomes, strict=True)]
         seconds = (time.perf_counter() - began) / len(clients)
         for client in clients:
             self._keep(states[client])

@@ -18,14 +18,17 @@ from manytask.execution.plan import Unbatchable
 from manytask.models.multitask import BACKBONE_PREFIX, merged_state
 
 
-def per_leaf(round_: Round, per_client: Sequence[Mapping[str, Tensor]], leaves: Mapping[str, Tensor]
-              ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+def per_leaf(round_: Round, per_client: Sequence[Mapping[str, Tensor]], leaves: Mapping[str, Tensor],
+             untrained: bool = False) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Per-client tensors by parameter name, placed on the rows of the leaves that train them: per leaf, the stacked
-    values (zeros on rows without one) and `present`, (rows,), 1 where a row has one."""
+    values (zeros on rows without one) and `present`, (rows,), 1 where a row has one. A parameter the client does
+    not train is left out where `untrained` allows it, else refused."""
     places: dict[str, list[tuple[int, Tensor]]] = {}
     for client, tensors in enumerate(per_client):
         for name, value in tensors.items():
             place = round_.leaf_of(client, name)
+            if place is None and untrained:
+                continue
             if place is None:
                 raise Unbatchable(f"a client's objective covers a parameter that is not trained ({name})")
             places.setdefault(place[0], []).append((place[1], value))
@@ -51,8 +54,10 @@ class StackedTerm:
         if self.moves and any(not same_function(t.move, self.term.move) or t.every != self.term.every
                               for t in terms):
             raise Unbatchable("clients of the round move a training term's operands differently")
-        self.names = [list(t.operands) for t in terms]
-        self.operands, self.present = per_leaf(round_, [t.operands for t in terms], leaves)
+        self.names = [[n for n in t.operands if round_.leaf_of(c, n) is not None] for c, t in enumerate(terms)]
+        # a term's piece on a parameter the client does not train (another task's head, in a copy trained on one
+        # task) is a constant of its objective: it moves nothing, so it is left out
+        self.operands, self.present = per_leaf(round_, [t.operands for t in terms], leaves, untrained=True)
         if self.moves:  # moved in place: the clients' own operands stay as they were
             self.operands = {k: v.clone() for k, v in self.operands.items()}
 

@@ -97,11 +97,13 @@ class ClientProgram(ABC, Generic[P]):
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message | None:
         """Train on the client's data; return what is uploaded (None: nothing)."""
 
-    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
-        """The client's round as a plan, which an executor may run batched with other clients' plans (`execution:
-        auto | vectorized`); a program that makes plans also defines `conclude(ctx, payload, plan, result)`, the
-        reply `fit` would have sent (`HostClient`). Raises `Unbatchable`, before changing anything, where the program
-        trains with a loop of its own (the default); the engine then calls `fit`."""
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan | list[ClientPlan]:
+        """The client's round as a plan, or as a list of plans where it trains several models (one per held task:
+        MaTU's), which an executor may run batched with other clients' plans (`execution: auto | vectorized`); a
+        program that makes plans also defines `conclude(ctx, payload, plan, result)`, the reply `fit` would have
+        sent, given the plan(s) and the result(s) in the same form (`HostClient`). Raises `Unbatchable`, before
+        changing anything, where the program trains with a loop of its own (the default); the engine then calls
+        `fit`."""
         raise Unbatchable(f"{type(self).__name__} trains with a loop of its own")
 
     def state_schema(self) -> StateSchema:

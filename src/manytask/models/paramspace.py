@@ -37,11 +37,15 @@ class ParamSpace:
         return torch.cat([source[n].detach().reshape(-1) for n in self.names])
 
     def unflatten(self, vector: Tensor) -> dict[str, Tensor]:
-        """Split a flat vector back into named tensors of the original shapes."""
+        """Split a flat vector back into named tensors of the original shapes (copies)."""
+        return {n: v.clone() for n, v in self.views(vector).items()}
+
+    def views(self, vector: Tensor) -> dict[str, Tensor]:
+        """`unflatten` as views into `vector`, for a reader that copies what it keeps."""
         if vector.numel() != self.dim:
             raise ValueError(f"vector has {vector.numel()} entries, the space has {self.dim}")
         chunks = torch.split(vector, self.numels)
-        return {n: c.reshape(self.shapes[n]).clone() for n, c in zip(self.names, chunks, strict=True)}
+        return {n: c.view(self.shapes[n]) for n, c in zip(self.names, chunks, strict=True)}
 
     def assign(self, model: nn.Module, vector: Tensor) -> None:
         """Write a flat vector into the model's parameters in place."""

@@ -182,15 +182,27 @@ class HostClient(HostModel, ClientProgram[HostParams]):
             self.conclude_copy(ctx, copy, report, tensors, scalars)
         return self.reply(ctx, tensors, scalars)
 
-    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
-        """The client's round for an executor: what `fit` trains, read without building a model; `Unbatchable`
-        where its training needs more than the plain loop."""
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan | list[ClientPlan]:
+        """The client's round for an executor: what `fit` trains, read without building a model (with `per_task`,
+        one plan per copy); `Unbatchable` where its training needs more than the plain loop."""
         self._check_batchable()
         trainer, (round_index, rounds) = self.trainer(ctx), self.schedule(ctx)
         if type(trainer).train is not Trainer.train:
             raise Unbatchable(f"{type(self).__name__} trains with a trainer of its own")
         received = self.received(ctx, payload)
-        copy = TrainedCopy(None, list(ctx.data), *self.template, received, ctx.seed)
+        plans = [self._copy_plan(ctx, copy, trainer, round_index, rounds)
+                 for copy in self.planned_copies(ctx, received)]
+        return plans if self.params.per_task else plans[0]
+
+    def planned_copies(self, ctx: ClientContext, received: dict[str, Tensor]) -> list[TrainedCopy]:
+        """The copies `copies` would build, on the template (never trained): one per held task with `per_task`."""
+        if self.params.per_task:
+            return [TrainedCopy(t, [t], *self.template, received, derive_seed(ctx.seed, t)) for t in ctx.data]
+        return [TrainedCopy(None, list(ctx.data), *self.template, received, ctx.seed)]
+
+    def _copy_plan(self, ctx: ClientContext, copy: TrainedCopy, trainer: Trainer, round_index: int, rounds: int
+                   ) -> ClientPlan:
+        received = copy.received
         if copy.module is not copy.model:
             raise Unbatchable(f"{type(self).__name__} trains its model through a wrapper (a linearization)")
         if self.optimizer(ctx, copy) is not None:
@@ -202,7 +214,8 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         if acting:
             raise Unbatchable(f"hook {acting[0]} acts inside the training step")
         start = merged_state(self.values.initial_values, received, self.local_state(ctx, copy))
-        return ClientPlan(copy.model, trainer, round_index, rounds, received, dict(ctx.data), start, copy.seed,
+        data = {t: ctx.data[t] for t in copy.tasks}
+        return ClientPlan(copy.model, trainer, round_index, rounds, received, data, start, copy.seed,
                           [h for h in hooks if isinstance(h, ParameterTerm)], self.state_update(ctx, copy),
                           [h for h in hooks if isinstance(h, FeatureTerm)])
 
@@ -220,28 +233,29 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         overridden = [name for name in ("fit", "start") if getattr(type(self), name) is not getattr(HostClient, name)]
         if overridden:
             raise Unbatchable(f"{type(self).__name__} has a {overridden[0]} of its own")
-        if self.params.per_task:
-            raise Unbatchable("per_task trains one copy per held task")
 
-    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan, result: PlanResult
-                 ) -> Message:
-        """`fit`'s reply from an executor's result: without a model where the host's `finish` and `upload` are the
-        plain ones, else from a model holding the trained values."""
-        received = plan.sent
+    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan | list[ClientPlan],
+                 result: PlanResult | list[PlanResult]) -> Message:
+        """`fit`'s reply from an executor's result(s), copy by copy: without a model where the host's `finish` and
+        `upload` are the plain ones, else from a model holding the trained values."""
+        plans = plan if isinstance(plan, list) else [plan]
+        results = result if isinstance(result, list) else [result]
         tensors: dict[str, Tensor] = {}
         scalars = fit_scalars(ctx.data, {})
-        if type(self).finish is HostClient.finish and type(self).upload is HostClient.upload:
-            copy = TrainedCopy(None, list(ctx.data), *self.template, received, ctx.seed)
-            keys = self.values.keys(copy.tasks)
-            scalars.update({LOSS_PREFIX + t: loss for t, loss in result.report.mean_loss.items()})
-            tensors.update(self.split_upload(ctx, copy, {k: result.params[k] for k in keys}))
-            if plan.update is not None:
-                self.keep_state(ctx, copy, plan.update, result.state)
-        else:
-            # the rest keeps its initial values: no buffers, nothing frozen moves
-            model, module = self.models.take(ctx, result.params)
-            copy = TrainedCopy(None, list(ctx.data), model, module, received, ctx.seed)
-            self.conclude_copy(ctx, copy, result.report, tensors, scalars)
+        plain = type(self).finish is HostClient.finish and type(self).upload is HostClient.upload
+        copies = self.planned_copies(ctx, plans[0].sent)
+        for copy, made, trained in zip(copies, plans, results, strict=True):
+            if plain:
+                keys = self.values.keys(copy.tasks)
+                scalars.update({LOSS_PREFIX + t: loss for t, loss in trained.report.mean_loss.items()})
+                tensors.update(self.split_upload(ctx, copy, {k: trained.params[k] for k in keys}))
+                if made.update is not None:
+                    self.keep_state(ctx, copy, made.update, trained.state)
+            else:
+                # the rest keeps its initial values: no buffers, nothing frozen moves
+                model, module = self.models.take(ctx, trained.params)
+                loaded = TrainedCopy(copy.name, copy.tasks, model, module, copy.received, copy.seed)
+                self.conclude_copy(ctx, loaded, trained.report, tensors, scalars)
         return self.reply(ctx, tensors, scalars)
 
     def conclude_copy(

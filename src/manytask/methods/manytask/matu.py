@@ -11,16 +11,19 @@ pure functions; this module only moves data in and out of it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from manytask.client.trainer import TaskData, evaluate
+from manytask.client.trainer import TaskData, TrainReport, evaluate
+from manytask.execution.plan import ClientPlan, PlanResult
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
+from manytask.methods.common.template import ModelTemplate
 from manytask.methods.common.wire import (
     LOSS_PREFIX,
     SIZE_PREFIX,
@@ -115,21 +118,58 @@ def received_vectors(message: Message, tasks: list[str]) -> dict[str, Tensor]:
 
 
 class MatuClient(ClientProgram):
+    """Trains one copy per held task, each from its task's received vector and head on that task alone, and uploads
+    the unification of the trained vectors. Its round is one plan per copy, which the executor batches with the
+    other clients' copies."""
+
+    @cached_property
+    def space(self) -> TaskVectorSpace:
+        return TaskVectorSpace(self.setup)
+
+    @cached_property
+    def template(self) -> ModelTemplate:
+        return ModelTemplate(self.setup.build_model())
+
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
         assert payload is not None, "MaTU clients always receive their tasks' vectors"
-        vectors_space = TaskVectorSpace(self.setup)
         tasks = list(ctx.data)
         starts = received_vectors(payload, tasks)
         received_heads = {k: v for k, v in payload.tensors().items() if task_of_key(k) is not None}
-        vectors, heads, scalars = {}, {}, {}
+        trained, reports = {}, {}
         for task in tasks:
-            model = vectors_space.model_with(self.setup, starts[task], received_heads)
-            report = self.setup.trainer().train(
+            model = self.space.model_with(self.setup, starts[task], received_heads)
+            reports[task] = self.setup.trainer().train(
                 model, {task: ctx.data[task]}, derive_seed(ctx.seed, task), ctx.round_index, self.setup.rounds
             )
-            vectors[task] = vectors_space.vector_of(model)
-            heads.update({k: v for k, v in trainable_state(model, [task]).items() if task_of_key(k) == task})
-            scalars[LOSS_PREFIX + task] = report.mean_loss[task]
+            trained[task] = trainable_state(model, [task])
+        return self.reply(ctx, trained, reports)
+
+    def plan(self, ctx: ClientContext, payload: Message | None) -> list[ClientPlan]:
+        assert payload is not None, "MaTU clients always receive their tasks' vectors"
+        tasks = list(ctx.data)
+        starts = received_vectors(payload, tasks)
+        received_heads = {k: v for k, v in payload.tensors().items() if task_of_key(k) is not None}
+        trainer = self.setup.trainer()
+        return [ClientPlan(self.template.model, trainer, ctx.round_index, self.setup.rounds, {},
+                           {task: ctx.data[task]},
+                           self.template.start(self.space.space.views(self.space.initial + starts[task]),
+                                               received_heads),  # views: the executor stacks (copies) its starts
+                           derive_seed(ctx.seed, task)) for task in tasks]
+
+    def conclude(self, ctx: ClientContext, payload: Message | None, plans: list[ClientPlan],
+                 results: list[PlanResult]) -> Message:
+        tasks = list(ctx.data)
+        trained = {t: self.template.trained(r.params, [t]) for t, r in zip(tasks, results, strict=True)}
+        return self.reply(ctx, trained, {t: r.report for t, r in zip(tasks, results, strict=True)})
+
+    def reply(self, ctx: ClientContext, trained: Mapping[str, Mapping[str, Tensor]],
+              reports: Mapping[str, TrainReport]) -> Message:
+        """Per task, its copy's vector τ (the adapters minus their initial values) and head, unified for the wire."""
+        vectors, heads, scalars = {}, {}, {}
+        for task, state in trained.items():
+            vectors[task] = self.space.space.flatten(state) - self.space.initial
+            heads.update({k: v for k, v in state.items() if task_of_key(k) == task})
+            scalars[LOSS_PREFIX + task] = reports[task].mean_loss[task]
             scalars[SIZE_PREFIX + task] = len(ctx.data[task][1])
         return task_vectors_message(vectors, heads, scalars, self.params.unify)
 
