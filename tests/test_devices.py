@@ -46,7 +46,7 @@ def test_a_numbered_gpu_is_checked_against_the_gpus_torch_sees(monkeypatch):
     with pytest.raises(ManytaskError, match=r"device: cuda:2, but torch sees 2 GPUs \(cuda:0 to cuda:1\)"):
         resolve_device("cuda:2")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ManytaskError, match="device: cuda:0, but torch .* sees no CUDA GPU"):
+    with pytest.raises(ManytaskError, match=r"device: cuda:0, but torch .* sees no CUDA GPU"):
         resolve_device("cuda:0")
     for bad in ("gpu", "cuda:", "cuda:-1", "cuda1", "CPU"):
         with pytest.raises(ManytaskError, match="device"):

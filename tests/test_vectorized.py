@@ -153,9 +153,10 @@ PERSONAL_RUN = {  # one task per client (rotated & masked digits), a CNN with Ba
 
 
 @pytest.mark.slow
-def test_private_models_and_fedu_train_batched_with_the_sequential_numbers(tmp_path, capsys):
-    """Local, Centralized, FedU and SFMTL-Graph keep a whole model per client; their rounds are plans the executor batches
-    (no notice), and every round's losses and evaluations are the sequential ones within float tolerance."""
+def test_personal_models_train_batched_with_the_sequential_numbers(tmp_path, capsys):
+    """Local, Centralized, FedU, SFMTL-Graph and pFedMe keep a whole model per client; their rounds are plans the
+    executor batches (no notice), and every round's losses and evaluations are the sequential ones within float
+    tolerance."""
     sequential = run_config(validate({**PERSONAL_RUN, "execution": "sequential"}), tmp_path / "seq")
     batched = run_config(validate(PERSONAL_RUN), tmp_path / "auto")
     assert "one after another" not in capsys.readouterr().err
