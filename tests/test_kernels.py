@@ -4,6 +4,7 @@ as a round of 4 under execution auto (the count is deterministic: no timing invo
 import pytest
 import torch
 
+from manytask.experiment import Experiment
 from manytask.kernels import KERNEL_METHODS, counted, kernel_config, round_kernels
 
 
@@ -19,6 +20,14 @@ def test_the_counter_counts_non_view_ops_and_host_syncs():
     assert counter.by_op["add"] == 1 and counter.by_op["mul"] == 1 and counter.by_op["sum"] == 1
     assert counter.by_op["view"] == 0 and counter.by_op["t"] == 0
     assert counter.syncs == 1 and counter.ops == 4
+
+
+def test_a_kernel_workload_with_a_plug_in_runs_the_plug_in():
+    # a config-level `plugins` list plans a comparison, which one engine run ignores: the plug-in goes in the entry
+    for label, (method, plugins, federations) in KERNEL_METHODS.items():
+        if plugins:
+            experiment = Experiment.build(kernel_config(method, plugins, 4, federations[0]))
+            assert experiment.label == f"{method['name']}+{plugins[0]['name']}", label
 
 
 @pytest.mark.slow
