@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -114,8 +115,8 @@ class RunConfig(Params):
         default=None, gt=0, description="execution auto or vectorized: memory one batched computation may take "
         "(estimated per client); more clients train in several; none: half a GPU's free memory, a quarter of RAM")
     device: str = Field(
-        default="auto", pattern=DEVICE_PATTERN, description="where clients train: cpu, cuda (the first GPU), "
-        "cuda:N (GPU N), or auto (the first GPU when torch sees one, else the CPU)"
+        default="auto", description="where clients train: cpu, cuda (the first GPU), cuda:N (GPU N), or auto (the "
+        "first GPU when torch sees one, else the CPU)"
     )
     checkpoint_every: int = Field(
         default=1, ge=1, description="write the checkpoint after every k-th round (and the last): a resumed run "
@@ -134,6 +135,13 @@ class RunConfig(Params):
     tuned: dict[str, Any] | None = Field(
         default=None, description="written by manytask tune: its budget, each member's space and best values"
     )
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        if re.fullmatch(DEVICE_PATTERN, value) is None:
+            raise ValueError("input should be 'auto', 'cpu', 'cuda' or 'cuda:N' (N a GPU's number)")
+        return value
 
     @field_validator("method", mode="before")
     @classmethod
