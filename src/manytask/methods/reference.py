@@ -5,13 +5,11 @@ with one client per task holding all of that task's training data."""
 
 from __future__ import annotations
 
-from functools import cached_property
-
 from manytask.execution.plan import ClientPlan, PlanResult
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, ServerProgram
 from manytask.methods.client_state import StateSchema, model_part
-from manytask.methods.common.template import ModelTemplate
+from manytask.methods.common.template import program_template
 from manytask.methods.registry import REFERENCE, register_method
 from manytask.models.multitask import MultiTaskModel, load_state, trainable_state
 
@@ -28,9 +26,7 @@ class PrivateModelClient(ClientProgram):
         ctx.state.clear()
         ctx.state.update(trainable_state(model, ctx.data.keys()))
 
-    @cached_property
-    def template(self) -> ModelTemplate:
-        return ModelTemplate(self.setup.build_model().to(self.device))
+    template = program_template()
 
     def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
         return ClientPlan(self.template.model, self.setup.trainer(), ctx.round_index, self.setup.rounds, {},

@@ -43,3 +43,9 @@ class ModelTemplate:
         """Of an executor's trained parameters (`PlanResult.params`), what `trainable_state(model, tasks)` would
         give after training: the shared part and the heads of `tasks`, buffers as `buffer/<name>`."""
         return {k: params[k] for k in self.keys(tasks)}
+
+
+def program_template() -> cached_property:
+    """A client program's `template`: its setup's model, built once on the first use, on the program's device (a
+    class attribute: `template = program_template()`)."""
+    return cached_property(lambda program: ModelTemplate(program.setup.build_model().to(program.device)))

@@ -23,7 +23,7 @@ from manytask.execution.plan import ClientPlan, PlanResult
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Metrics, ServerProgram, Setup
 from manytask.methods.common.aggregation import fedavg_weights, weighted_average
-from manytask.methods.common.template import ModelTemplate
+from manytask.methods.common.template import program_template
 from manytask.methods.common.wire import (
     LOSS_PREFIX,
     SIZE_PREFIX,
@@ -126,9 +126,7 @@ class MatuClient(ClientProgram):
     def space(self) -> TaskVectorSpace:
         return TaskVectorSpace(self.setup)
 
-    @cached_property
-    def template(self) -> ModelTemplate:
-        return ModelTemplate(self.setup.build_model())
+    template = program_template()
 
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
         assert payload is not None, "MaTU clients always receive their tasks' vectors"

@@ -27,7 +27,7 @@ from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
 from manytask.methods.client_state import StatePart, StateSchema, model_part
 from manytask.methods.common.laplacian import laplacian_step
 from manytask.methods.common.personal import PerClientPayloadServer, graph_steps, only_task, personal_model
-from manytask.methods.common.template import ModelTemplate
+from manytask.methods.common.template import program_template
 from manytask.methods.common.wire import (
     LOSS_PREFIX,
     SIZE_PREFIX,
@@ -91,9 +91,7 @@ class SfmtlClient(ClientProgram):
         super().__init__(setup, params)
         self.anchor_piece = partial(anchor_step, momentum=params.momentum)  # one object: the clients' terms batch
 
-    @cached_property
-    def template(self) -> ModelTemplate:
-        return ModelTemplate(self.setup.build_model().to(self.device))
+    template = program_template()
 
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
         task = only_task(self.setup, ctx.client_id, NAME)

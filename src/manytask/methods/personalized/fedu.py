@@ -34,7 +34,7 @@ from manytask.methods.common.personal import (
     only_task,
     personal_model,
 )
-from manytask.methods.common.template import ModelTemplate
+from manytask.methods.common.template import program_template
 from manytask.methods.common.wire import (
     ArraySpec,
     array_specs,
@@ -75,9 +75,7 @@ class FeduClient(ClientProgram):
         report = self.setup.trainer().train(model, ctx.data, ctx.seed, ctx.round_index, self.setup.rounds)
         return self.reply(ctx, task, trainable_state(model, [task]), report)
 
-    @cached_property
-    def template(self) -> ModelTemplate:
-        return ModelTemplate(self.setup.build_model().to(self.device))
+    template = program_template()
 
     def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
         """`fit`'s training for an executor: the run's trainer from the client's own model (`own_layers`)."""

@@ -16,7 +16,7 @@ its optimizer, momentum, weight decay and gradient clipping do not apply.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from functools import cached_property, partial
+from functools import partial
 from itertools import islice
 from typing import ClassVar
 
@@ -34,7 +34,7 @@ from manytask.methods.base import ClientContext, ClientProgram, MethodDef, Setup
 from manytask.methods.client_state import StateSchema, model_part
 from manytask.methods.common.global_model import GlobalModel, GlobalModelServer, GuardParams, fedavg_weights_of
 from manytask.methods.common.personal import check_shared_head, only_task, personal_model
-from manytask.methods.common.template import ModelTemplate
+from manytask.methods.common.template import program_template
 from manytask.methods.common.wire import fit_scalars, mean_train_losses
 from manytask.methods.registry import PERSONALIZED, register_method
 from manytask.models.multitask import MultiTaskModel, is_buffer, to_role, to_task, trainable_state
@@ -112,9 +112,7 @@ class PfedmeClient(ClientProgram):
             "optimizer": "sgd", "lr": params.personal_lr, "momentum": 0.0, "weight_decay": 0.0, "grad_clip": None,
             "lr_schedule": "constant"}), setup.specs)
 
-    @cached_property
-    def template(self) -> ModelTemplate:
-        return ModelTemplate(self.setup.build_model().to(self.device))
+    template = program_template()
 
     def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan:
         assert payload is not None, "pFedMe clients always receive the global model"
