@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The prepared GPU check: one short script for a lent device (about 7 minutes on an H200; 8 at most).
+# The prepared GPU check: one short script for a lent device (about 6 minutes; 8 at most).
 #   here, once:   bash scripts/gpu_wheels.sh
-#   then:         device run, command "bash scripts/gpu_check.sh", carry [".whl", ".gpu_data"], timeout_s 540
-# It prints the card and its measured matmul rate, runs the tests that need a GPU and the batched executor's tests on
-# it, then the kernel counts, the compute limit and every SFMTL member against it with `device: auto` (the GPU): the
-# figures docs/performance.md records per card. Carry .gpu_data too for the real Fashion-MNIST files. What it writes
-# under $OUT comes back.
+#   then:         device run, command "bash scripts/gpu_check.sh", carry [".whl", ".gpu_data"], timeout_s 560
+# It prints the card and its measured matmul rates, runs the tests that need a GPU, then every member of SFMTL-Graph's
+# paper-scale comparison (configs/sfmtl/fashion_mnist_rotated_masked.yaml, the real Fashion-MNIST files carried in
+# .gpu_data) batched and sequential against a bare sequential loop on the card (`manytask bench --only paper`): the
+# figures docs/performance.md records per card. What it writes under $OUT comes back, each part as it finishes.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -31,9 +31,7 @@ for dtype in (torch.float32, torch.bfloat16):
     torch.cuda.synchronize()
     print(f"{dtype} matmul 8192²: {2 * 8192 ** 3 * 20 / (time.perf_counter() - began) / 1e12:.1f} TFLOP/s")
 PY
-timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/test_devices.py tests/test_batched.py tests/test_batched_dense.py \
-    tests/test_checkpoint_integrity.py 2>&1 | tail -n 15 | tee "$OUT/tests.txt"
-timeout 240 python3 -c "from manytask.cli import main; main()" bench --only kernels --only limit --rounds 2 \
-    --out "$OUT/bench.json" 2>&1 | grep -v 'one after another' | tail -n 30 | tee "$OUT/bench.txt"
-timeout 200 python3 -c "from manytask.cli import main; main()" bench --only members --rounds 2 \
-    --out "$OUT/members.json" 2>&1 | grep -v 'one after another' | tail -n 15 | tee "$OUT/members.txt"
+timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_devices.py tests/test_resident.py \
+    tests/test_checkpoint_integrity.py 2>&1 | tail -n 8 | tee "$OUT/tests.txt"
+timeout 400 python3 -c "from manytask.cli import main; main()" bench --only paper --rounds 1 \
+    --out "$OUT/paper.json" 2>&1 | tee "$OUT/paper.txt" | grep -v 'one after another'

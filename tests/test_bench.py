@@ -82,3 +82,50 @@ def test_paired_rounds_rotate_the_order_and_the_ratio_is_the_median_over_turns(m
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
     assert seconds["a"] == pytest.approx([1.1, 2.2, 50.0, 1.1]) and seconds["b"] == pytest.approx([1.0, 2.0, 1.0, 1.0])
     assert bench.paired_ratio(seconds["a"], seconds["b"]) == pytest.approx(1.1)
+
+
+def test_the_paper_scale_part_times_every_member_against_the_bare_loop():
+    from manytask.bench import tables
+    from manytask.paper_scale import paper_members
+
+    small = ["benchmark.source=digits", "benchmark.num_clients=4", "federation.num_clients=4",
+             "train.local_epochs=1"]
+    paper = paper_members(rounds=1, sequential_rounds=1, overrides=small)
+    members = {row["member"]: row for row in paper["members"]}
+    assert list(members) == ["sfmtl-graph", "sfmtl-random-graph", "fedu", "pfedme", "fedavg", "local"]
+    assert paper["clients_per_round"] == 2 and paper["device"] == "cpu"
+    # pFedMe takes K = 5 steps on each batch: five times the sample passes of a round
+    assert members["pfedme"]["passes_per_round"] == pytest.approx(5 * members["fedavg"]["passes_per_round"])
+    for row in paper["members"]:
+        assert row["batched_images_per_s"] == pytest.approx(row["passes_per_round"] / row["batched_s_per_round"])
+        assert row["batched_over_bare"] == pytest.approx(row["batched_images_per_s"] / paper["bare_images_per_s"])
+        assert row["sequential_s_per_round"] > 0
+    assert paper["all_batched_s_per_round"] == pytest.approx(sum(r["batched_s_per_round"] for r in paper["members"]))
+    ((headers, rows, title),) = tables({"paper_members": paper})
+    assert headers[0] == "member" and len(rows) == 6 + 2
+    assert rows[-2][0] == "bare sequential loop" and "paper scale" in title
+
+
+def test_the_bare_round_takes_its_epochs_and_clips_its_gradients():
+    import torch
+
+    from manytask.bench import bare_round
+
+    steps = []
+
+    class Counted(torch.optim.SGD):
+        def step(self, closure=None):
+            steps.append(1)
+            return super().step(closure)
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    forward = model.forward  # called with a task, which one linear model ignores
+    model.forward = lambda x, task=None: forward(x)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    data = {0: {"t": (torch.randn(10, 3) * 100, torch.randint(2, (10,)))}}
+    sgd = lambda params, lr, momentum, wd: Counted(params, lr=lr)  # noqa: E731
+    after = bare_round(model, state, data, batch_size=4, lr=1.0, momentum=0.0, seed=0, sgd=sgd, epochs=2, clip=1e-3)
+    assert len(steps) == 2 * 3  # ceil(10 / 4) steps an epoch
+    moved = torch.cat([(after[k] - state[k]).flatten() for k in state]).norm()
+    assert 0 < moved <= 6 * 1e-3 + 1e-6  # each step moves at most lr × clip

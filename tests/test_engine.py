@@ -167,15 +167,15 @@ def test_diverged_replies_are_discarded_as_failures(tmp_path):
 
 
 def test_client_data_stays_materialized_for_a_bounded_number_of_clients(monkeypatch):
-    from manytask.engine import client_runner
+    from manytask.engine import resident
     from manytask.engine.client_runner import ClientRunner
     from manytask.experiment import Experiment
 
-    monkeypatch.setattr(client_runner, "CACHED_CLIENTS", 2)
+    monkeypatch.setattr(resident, "CACHED_CLIENTS", 2)
     experiment = Experiment.build(validate(small_config_dict(rounds=1)))
     runner = ClientRunner(experiment)
     for client in (0, 1, 2, 1):
         ctx = runner._context(client, 0, {}, seed=0)
         expected = experiment.client_data(client)
         assert all(torch.equal(ctx.data[t][0], expected[t][0]) for t in expected)
-    assert list(runner._data) == [2, 1]  # the least recently asked-for client was dropped
+    assert list(runner.data._host) == [2, 1]  # the least recently asked-for client was dropped

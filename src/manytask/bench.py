@@ -32,7 +32,7 @@ from manytask.config import RunConfig, validate
 from manytask.engine.local import local_engine
 from manytask.engine.loop import RoundLoop
 from manytask.engine.pool import ProcessPoolTransport
-from manytask.errors import unknown_choice
+from manytask.errors import ManytaskError, unknown_choice
 from manytask.experiment import Experiment
 from manytask.kernels import kernel_table
 from manytask.rundir import RunDir
@@ -142,21 +142,26 @@ def bare_runner(clients: int, rounds: int, sgd: Sgd = torch_sgd) -> Callable[[in
 
 
 def bare_round(model: torch.nn.Module, state: dict[str, torch.Tensor], data: dict[int, TaskData], batch_size: int,
-               lr: float, momentum: float, seed: int, sgd: Sgd = torch_sgd) -> dict[str, torch.Tensor]:
-    """One FedAvg round in plain PyTorch: every client loads the global state, trains one epoch (of its largest
-    task), and its shared weights and its tasks' heads are averaged, weighted by sample counts."""
+               lr: float, momentum: float, seed: int, sgd: Sgd = torch_sgd, epochs: int = 1,
+               clip: float | None = None) -> dict[str, torch.Tensor]:
+    """One FedAvg round in plain PyTorch: every client loads the global state, trains `epochs` epochs (of its
+    largest task; gradients clipped to norm `clip`), and its shared weights and its tasks' heads are averaged,
+    weighted by sample counts."""
     sums: dict[str, torch.Tensor] = {}
     weights: dict[str, float] = {}
     for client, tasks in data.items():
         model.load_state_dict(state)
-        opt = sgd(list(model.parameters()), lr, momentum, 0.0)
-        steps = max(math.ceil(len(y) / batch_size) for _, y in tasks.values())
+        params = list(model.parameters())
+        opt = sgd(params, lr, momentum, 0.0)
+        steps = epochs * max(math.ceil(len(y) / batch_size) for _, y in tasks.values())
         streams = {t: shuffled_batches(x, y, batch_size, seed + client, t) for t, (x, y) in tasks.items()}
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
             loss = sum(torch.nn.functional.cross_entropy(model(x, t), y) for t, (x, y) in
                        ((t, next(s)) for t, s in streams.items()))
             loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, clip)
             opt.step()
         size = float(sum(len(y) for _, y in tasks.values()))
         for key, value in model.state_dict().items():
@@ -319,12 +324,14 @@ def flower_installed() -> bool:
     return importlib.util.find_spec("flwr") is not None
 
 
-PARTS = ("kernels", "limit", "members", "engine", "workers", "memory", "matu", "sfmtl", "flower")  # `--only` picks
+# what `--only` picks from
+PARTS = ("kernels", "limit", "members", "paper", "engine", "workers", "memory", "matu", "sfmtl", "flower")
+DEFAULT_PARTS = tuple(part for part in PARTS if part != "paper")  # paper scale: tens of minutes without a GPU
 
 
 def run_bench(
     out: Path, rounds: int = 5, flower: bool = True, matu_d: int = 10_000_000, sfmtl_clients: int = 1000,
-    only: Collection[str] = PARTS,
+    only: Collection[str] = DEFAULT_PARTS,
 ) -> dict[str, Any]:
     """The ratios of the parts in `only` (all by default), printed by the caller and written to `out` as JSON;
     Flower's only where it is installed and `flower` holds."""
@@ -335,6 +342,7 @@ def run_bench(
         "kernels_per_round": ("kernels", kernel_table),
         "compute_limit": ("limit", lambda: compute_limit(turns=3 * rounds)),
         "member_limits": ("members", lambda: member_limits(turns=rounds)),
+        "paper_members": ("paper", lambda: _paper_members(rounds)),
         "engine_overhead": ("engine", lambda: engine_overhead(rounds=rounds)),
         "parallel_clients": ("workers", lambda: parallel_speedup(rounds=rounds)),
         "peak_memory": ("memory", peak_memory),
@@ -347,6 +355,14 @@ def run_bench(
     results.update({key: measure() for key, (part, measure) in measures.items() if part in wanted})
     out.write_text(json.dumps(results, indent=2))
     return results
+
+
+def _paper_members(rounds: int) -> dict[str, Any]:
+    from manytask.paper_scale import PAPER_CONFIG, paper_members
+
+    if not PAPER_CONFIG.exists():
+        raise ManytaskError(f"bench part 'paper' reads {PAPER_CONFIG}: run it from the repository's root.")
+    return paper_members(rounds=rounds)
 
 
 BenchTable = tuple[list[str], list[list[str]], str]  # headers, rows, title
@@ -380,6 +396,22 @@ def _members_table(rows: list[dict]) -> BenchTable:
           f"{r['ratio']:.3f}"] for r in rows],
         f"every member of the SFMTL comparison against the batched limit ({first['clients']} clients, SFMTL's CNN on "
         f"{first['source']}, 1 thread; median rounds and median paired ratios over {first['turns']} turns)")
+
+
+def _paper_table(paper: dict) -> BenchTable:
+    def figure(value: float | None, digits: int) -> str:
+        return "-" if value is None else f"{value:,.{digits}f}"
+
+    return (
+        ["member", "batched s/round", "sequential s/round", "batched images/s", "sequential images/s",
+         "batched ÷ bare images/s"],
+        [[r["member"], figure(r["batched_s_per_round"], 3), figure(r["sequential_s_per_round"], 3),
+          figure(r["batched_images_per_s"], 0), figure(r["sequential_images_per_s"], 0),
+          f"{r['batched_over_bare']:.1f}"] for r in paper["members"]]
+        + [["bare sequential loop", "-", f"{paper['bare_s_per_round']:.3f}", "-", f"{paper['bare_images_per_s']:,.0f}",
+            "1.0"], ["all members, batched", f"{paper['all_batched_s_per_round']:.3f}", "", "", "", ""]],
+        f"paper scale ({paper['config']}, {paper['clients_per_round']} clients a round, on {paper['device']}; "
+        "images/s counts sample passes)")
 
 
 def _engine_table(rows: list[dict]) -> BenchTable:
@@ -433,7 +465,7 @@ def _flower_table(sim: dict) -> BenchTable:
 
 TABLES: dict[str, Callable[[Any], BenchTable]] = {  # the printed tables, in order, by their part's JSON key
     "kernels_per_round": _kernels_table,
-    "compute_limit": _limit_table, "member_limits": _members_table,
+    "compute_limit": _limit_table, "member_limits": _members_table, "paper_members": _paper_table,
     "engine_overhead": _engine_table, "parallel_clients": _workers_table, "peak_memory": _memory_table,
     "matu_server_step": _matu_table, "sfmtl_graph": _sfmtl_table, "flower_simulation": _flower_table,
 }

@@ -141,21 +141,24 @@ def bench(
     matu_d: Annotated[int, typer.Option("--matu-d", min=1, help="entries of MaTU's unified vector")] = 10_000_000,
     sfmtl_clients: Annotated[int, typer.Option("--sfmtl-clients", min=2, help="SFMTL-Graph's participants")] = 1000,
     only: Annotated[list[str] | None, typer.Option(
-        "--only", help="measure only this part (repeatable): kernels, limit, members, engine, workers, memory, "
-        "matu, sfmtl, flower")] = None,
+        "--only", help="measure only this part (repeatable): kernels, limit, members, paper, engine, workers, "
+        "memory, matu, sfmtl, flower (paper, SFMTL's members at the paper's scale, is for a GPU and runs only when "
+        "named)")] = None,
     kernels: Annotated[bool, typer.Option("--kernels", help="only the kernels per round (--only kernels)")] = False,
 ) -> None:
     """Measure the speed ratios on this machine, side by side (docs/performance.md): kernels per training round at
     32 clients against 4 for the hosts and the personalized methods, under execution auto; every member of the SFMTL
-    comparison against the batched compute limit; the local engine, sequential
+    comparison against the batched compute limit (and, with --only paper, at the paper's scale against a bare loop);
+    the local engine, sequential
     and vectorized, against a bare PyTorch loop doing the same SGD steps, at 30 and 100 clients; two worker processes
     against one; peak memory at 1 000 and 10 000 clients; MaTU's and SFMTL-Graph's server steps; Flower's simulation
     against the local engine (when Flower is installed)."""
-    from manytask.bench import PARTS, run_bench, tables
+    from manytask.bench import DEFAULT_PARTS, run_bench, tables
     from manytask.report import rich_table
 
     def body() -> None:
-        results = run_bench(out, rounds, flower, matu_d, sfmtl_clients, ["kernels"] if kernels else only or PARTS)
+        parts = ["kernels"] if kernels else only or DEFAULT_PARTS
+        results = run_bench(out, rounds, flower, matu_d, sfmtl_clients, parts)
         for headers, rows, title in tables(results):
             out_console.print(rich_table(headers, rows, title))
         out_console.print(f"machine: {results['machine']['processor']}, {results['machine']['platform']}; "

@@ -2,9 +2,10 @@
 
 `auto` is the first GPU when torch sees one, else the CPU; `cuda:N` is GPU N. Client programs that support a device
 (the host methods, the plug-ins over them, SFMTL-Graph, FedU, pFedMe and the private-model references) build their
-models there, receive their data, payloads and state there, and train there; what crosses the wire is still
-serialized from CPU arrays, and client state is handed back on the CPU, so messages, byte counts and checkpoints do
-not depend on the device. Servers aggregate on the CPU."""
+models there, receive their data, payloads and state there, and train there. The clients' data, the test sets and
+the client states stay there between calls while they fit (`engine/resident.py`); what crosses the wire and what a
+checkpoint stores is copied to host memory as it is written, so messages, byte counts and checkpoints do not depend
+on the device. Servers aggregate on the CPU."""
 
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from functools import cached_property
 
@@ -17,6 +16,7 @@ from torch import Tensor
 from manytask.client.trainer import TaskData
 from manytask.devices import CPU, on_device, resolve_device
 from manytask.engine.adversaries import Adversary
+from manytask.engine.resident import ResidentData, ResidentStates
 from manytask.execution.batched import train_batched
 from manytask.execution.budget import batches, default_budget
 from manytask.execution.plan import Unbatchable
@@ -27,7 +27,6 @@ from manytask.methods.client_state import StateSchema
 from manytask.seeding import derive_seed, derive_seeds, seed_global_rng
 
 ClientState = dict[str, Tensor]
-CACHED_CLIENTS = 1024  # clients whose training tensors stay materialized: memory is bounded, not ∝ the federation
 
 
 class ClientRunner:
@@ -35,11 +34,13 @@ class ClientRunner:
         self.exp = experiment
         torch.set_num_threads(experiment.config.threads)  # this may be a fresh process (a Flower ClientApp)
         self.program = experiment.client_program()
-        self._data: OrderedDict[int, TaskData] = OrderedDict()  # the most recently asked-for clients' data
         self.notices: set[str] = set()  # why clients could not be batched, each told once
         self.device = self._device(resolve_device(experiment.config.device))
         gigabytes = experiment.config.memory_budget_gb
         self.budget = default_budget(self.device) if gigabytes is None else int(gigabytes * 2**30)
+        # a quarter of the budget each for the data and the client states kept on the device between calls
+        self.data = ResidentData(experiment.client_data, experiment.test_data, self.device, self.budget // 4)
+        self.states = ResidentStates(self.device, self.budget // 4)
         attack = experiment.config.adversaries
         self.adversary = None if attack is None else Adversary(attack, experiment.adversary_clients,
                                                                experiment.config.seed)
@@ -56,7 +57,7 @@ class ClientRunner:
         received = _decoded(payload)
         reply = self.program.fit(ctx, received)
         seconds = time.perf_counter() - began
-        self._keep(state)
+        self._keep(client, state)
         return self._upload(client, round_index, received, reply), seconds
 
     def fit_many(
@@ -92,7 +93,7 @@ class ClientRunner:
                    for ctx, payload, entry, outcome in zip(ctxs, received, made, outcomes, strict=True)]
         seconds = (time.perf_counter() - began) / len(clients)
         for client in clients:
-            self._keep(states[client])
+            self._keep(client, states[client])
         return {c: (self._upload(c, round_index, p, r), seconds)
                 for c, p, r in zip(clients, received, replies, strict=True)}
 
@@ -123,9 +124,9 @@ class ClientRunner:
         """The client's own model on the test sets of the tasks it holds (or on `test`, keyed by its tasks: another
         client's data, for a cross-evaluation)."""
         ctx = self._context(client, self.exp.total_rounds, state, derive_seed(self.exp.config.seed, "eval", client))
-        test = self._on_device(self.exp.test_data(self.exp.federation.tasks_of(client)) if test is None else test)
+        test = self.data.test(self.exp.federation.tasks_of(client)) if test is None else on_data(test, self.device)
         metrics = self.program.evaluate(ctx, _decoded(payload), test)
-        self._keep(state)
+        self._keep(client, state)
         return metrics
 
     @cached_property
@@ -137,27 +138,21 @@ class ClientRunner:
         for state in states.values():
             self.schema.check(state)
 
-    def _keep(self, state: ClientState) -> None:
-        """After a call: the state checked against the program's schema and kept (and checkpointed) on the CPU."""
+    def _keep(self, client: int, state: ClientState) -> None:
+        """After a call: the state checked against the program's schema and left on the device while the resident
+        states fit (a checkpoint copies it to the host as it writes)."""
         self.schema.check(state)
-        state.update(on_device(state, CPU))
+        self.states.keep(client, state)
 
     def _context(self, client: int, round_index: int, state: ClientState, seed: int) -> ClientContext:
         seed_global_rng(seed)  # programs that draw from torch's global RNG stay reproducible too
-        data = self._data.pop(client, None)
-        if data is None:
-            data = self.exp.client_data(client)
-        self._data[client] = data  # most recent last
-        if len(self._data) > CACHED_CLIENTS:
-            self._data.pop(next(iter(self._data)))
         self.schema.check(state)
         state.update(on_device(state, self.device))
-        return ClientContext(client, round_index, self._on_device(data), state, seed)
+        return ClientContext(client, round_index, self.data.client(client), state, seed)
 
-    def _on_device(self, data: TaskData) -> TaskData:
-        if self.device == CPU:
-            return data
-        return {task: (x.to(self.device), y.to(self.device)) for task, (x, y) in data.items()}
+
+def on_data(data: TaskData, device: torch.device) -> TaskData:
+    return {task: (x.to(device), y.to(device)) for task, (x, y) in data.items()}
 
 
 def _decoded(payload: bytes | None) -> Message | None:
