@@ -139,3 +139,18 @@ def test_dropout_and_mixed_trainers_are_refused_before_training():
              _plan(model, other, _data(2, {"a": 5}), _start(model, 2), 2)]
     with pytest.raises(Unbatchable, match="different models, optimizers or lr schedules"):
         train_batched(plans)
+
+
+def test_batched_training_runs_float32_in_full_precision_and_restores_the_flags():
+    """cuDNN may run float32 convolutions in TF32; the batched path turns that off inside, and leaves the user's
+    settings as they were."""
+    from manytask.execution.batched import ieee_float32
+
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        with ieee_float32():
+            assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
