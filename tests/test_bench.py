@@ -99,7 +99,7 @@ def test_the_paper_scale_part_times_every_member_against_the_bare_loop():
     for row in paper["members"]:
         assert row["batched_images_per_s"] == pytest.approx(row["passes_per_round"] / row["batched_s_per_round"])
         assert row["batched_over_bare"] == pytest.approx(row["batched_images_per_s"] / paper["bare_images_per_s"])
-        assert row["sequential_s_per_round"] > 0
+        assert row["sequential_s_per_round"] > 0 and 0 < row["checkpoint_share"] < 1
     assert paper["all_batched_s_per_round"] == pytest.approx(sum(r["batched_s_per_round"] for r in paper["members"]))
     ((headers, rows, title),) = tables({"paper_members": paper})
     assert headers[0] == "member" and len(rows) == 6 + 2

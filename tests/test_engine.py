@@ -179,3 +179,26 @@ def test_client_data_stays_materialized_for_a_bounded_number_of_clients(monkeypa
         expected = experiment.client_data(client)
         assert all(torch.equal(ctx.data[t][0], expected[t][0]) for t in expected)
     assert list(runner.data._host) == [2, 1]  # the least recently asked-for client was dropped
+
+
+def test_a_loop_stopped_in_memory_goes_on_from_its_own_state_and_times_its_checkpoints(tmp_path):
+    """`run(stop_after=k)` then `run()` on the same loop continues from memory: the checkpoint on disk is not read
+    again (here it is damaged in between), and the run ends with the numbers of one never stopped."""
+    from manytask.engine.local import local_engine
+    from manytask.experiment import Experiment
+    from manytask.rundir import RunDir
+
+    config = validate(small_config_dict(rounds=3, participation=0.5))
+    full = run_config(config, tmp_path / "full")
+    experiment = Experiment.build(config)
+    run_dir = RunDir(tmp_path / "loop")
+    run_dir.start("", experiment.federation.to_json())
+    loop = local_engine(experiment, run_dir)
+    assert loop.run(stop_after=1) is None
+    written = loop.checkpoint_seconds
+    assert written > 0
+    run_dir.checkpoint.write_bytes(b"damaged")
+    summary = loop.run()
+    assert summary["tasks"] == full[experiment.label]["tasks"]
+    assert loop.checkpoint_seconds > written  # rounds 2 and 3 wrote theirs
+    assert load_checkpoint(run_dir.checkpoint).round == 3

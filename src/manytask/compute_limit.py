@@ -157,8 +157,11 @@ def compute_limit(turns: int = 15) -> dict[str, Any]:
             engine_runner(limit_config("sequential", total)) as sequential:
         seconds = {**paired_rounds({"batched": batched, "concatenated": concatenated_runner(total)}, turns),
                    **paired_rounds({"sequential": sequential, "bare": sequential_runner(total)}, turns)}
+        checkpoint = batched.checkpoint_s_per_round
     return {"clients": CLIENTS, "steps": STEPS, "source": source(), "turns": turns,
             **{f"{k}_s_per_round": statistics.median(v) for k, v in seconds.items()},
+            "checkpoint_s_per_round": checkpoint,
+            "checkpoint_share": checkpoint / statistics.median(seconds["batched"]),
             "batched_ratio": paired_ratio(seconds["batched"], seconds["concatenated"]),
             "sequential_ratio": paired_ratio(seconds["sequential"], seconds["bare"])}
 

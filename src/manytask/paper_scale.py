@@ -10,8 +10,8 @@ paper's scale, `configs/sfmtl/fashion_mnist_rotated_masked.yaml`: 20 of 40 clien
   over the round's seconds.
 The yardstick is one bare sequential PyTorch loop on the same device: a reused model, each of a round's clients
 in turn for E epochs of its data (SGD with the config's step size and clipping), then averaged, with no FL
-machinery. Rounds include everything the engine does in a round (messages, aggregation, checkpoint); evaluation is
-left out (the runs evaluate beyond the rounds measured)."""
+machinery. Rounds include everything the engine does in a round (messages, aggregation, the checkpoint, whose share
+is given apart); evaluation is left out (the runs evaluate beyond the rounds measured)."""
 
 from __future__ import annotations
 
@@ -107,6 +107,7 @@ def paper_members(path: Path = PAPER_CONFIG, rounds: int = 2, sequential_rounds:
             batched(1)
             _synchronize()
             batched_s = statistics.median(_timed(batched, rounds))
+            checkpoint = batched.checkpoint_s_per_round
         sequential_s = None
         if sequential_rounds:
             with engine_runner(member_config(config, method, "sequential", total)) as sequential:
@@ -115,7 +116,8 @@ def paper_members(path: Path = PAPER_CONFIG, rounds: int = 2, sequential_rounds:
         rows.append({"member": experiment.label, "passes_per_round": passes, "batched_s_per_round": batched_s,
                      "sequential_s_per_round": sequential_s, "batched_images_per_s": passes / batched_s,
                      "sequential_images_per_s": None if sequential_s is None else passes / sequential_s,
-                     "batched_over_bare": (passes / batched_s) / (bare_passes / bare)})
+                     "batched_over_bare": (passes / batched_s) / (bare_passes / bare),
+                     "checkpoint_s_per_round": checkpoint, "checkpoint_share": checkpoint / batched_s})
         print(f"paper scale: {experiment.label} batched {batched_s:.3f} s/round, sequential "
               f"{'-' if sequential_s is None else f'{sequential_s:.3f}'} s/round; the bare loop {bare:.3f}",
               file=sys.stderr, flush=True)

@@ -95,6 +95,8 @@ class RoundLoop:
         self.observer = observer
         torch.set_num_threads(experiment.config.threads)  # this may be a fresh process (a Flower ServerApp)
         self.server = experiment.server_program()
+        self.checkpoint_seconds = 0.0  # spent writing checkpoints in this process
+        self._stopped_at: tuple[int, float] | None = None  # (rounds done, wall seconds) where `run` last stopped
 
     def run(self, stop_after: int | None = None) -> dict[str, Any] | None:
         """Run (or continue) to the configured number of rounds; return the summary, or None if stopped
@@ -106,7 +108,9 @@ class RoundLoop:
         from manytask import energy  # the meter: looked up per run, so tests can patch energy.available_meter
 
         total = self.exp.total_rounds
-        start, elapsed = self._restore()
+        # a loop stopped at `stop_after` goes on from its own state; a fresh one, from the checkpoint on disk
+        start, elapsed = self._stopped_at or self._restore()
+        self._stopped_at = None
         meter = energy.available_meter()  # None without a readable meter: the summary then estimates energy
         if self.observer:
             self.observer.started(self.exp.label, total, start)
@@ -132,6 +136,7 @@ class RoundLoop:
             if self.observer:
                 self.observer.finished_round(row)
             if stop_after is not None and round_index + 1 >= stop_after and round_index + 1 < total:
+                self._stopped_at = round_index + 1, elapsed
                 return None
         summary = build_summary(self.exp, self.run_dir.read_metrics(), elapsed)
         self.run_dir.write_json(self.run_dir.summary, summary)
@@ -219,11 +224,13 @@ class RoundLoop:
         return self.transport.evaluate(_serialize(self.server.configure_evaluate(clients)))
 
     def _checkpoint(self, rounds_done: int, elapsed: float) -> None:
+        began = time.perf_counter()
         checkpoint = Checkpoint(
             rounds_done, self.server.state_dict(), self.transport.client_states(), {"elapsed": elapsed},
             torch.get_rng_state(), identity_of(self.exp),
         )
         save_checkpoint(self.run_dir.checkpoint, checkpoint)
+        self.checkpoint_seconds += time.perf_counter() - began
 
     def _restore(self) -> tuple[int, float]:
         """Load the checkpoint if there is one: (rounds already done, wall seconds already spent). Metric rows
