@@ -33,7 +33,8 @@ def test_a_kernel_workload_with_a_plug_in_runs_the_plug_in():
 @pytest.mark.slow
 @pytest.mark.parametrize(("host", "federation"), [
     ("fedavg", "multi-task"), ("moon", "multi-task"), ("feddyn", "multi-task"), ("fedbn", "dense"),
-    ("local", "personal"), ("fedu", "personal"), ("sfmtl-graph", "personal"), ("pfedme", "personal")])
+    ("fedavg+dea", "dense"), ("local", "personal"), ("fedu", "personal"), ("sfmtl-graph", "personal"),
+    ("pfedme", "personal")])
 def test_a_round_of_32_clients_dispatches_at_most_one_and_a_half_times_a_round_of_4(host, federation):
     method, plugins, _ = KERNEL_METHODS[host]
     few, many = (round_kernels(kernel_config(method, plugins, n, federation)) for n in (4, 32))

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
@@ -14,6 +15,7 @@ from manytask.methods.common.aggregation import weighted_average
 from manytask.methods.common.updates import Update
 from manytask.methods.feddea import DeaClient, DeaParams, DeaServer, dea
 from manytask.methods.hosts.fedavg import FedAvgParams, FedAvgServer
+from manytask.methods.plugins.dea import first_of_stable_sort
 from manytask.methods.plugins.fedheal import FedhealParams, FedhealServer, consistency_mask, fairness_weights
 from manytask.methods.plugins.pcgrad import PcgradServer, conflicting_pairs, project_conflicts
 from manytask.registry import Params
@@ -308,3 +310,16 @@ def test_a_key_whose_per_entry_weights_are_all_zero_is_left_out_like_a_zero_floa
     assert set(weighted_average(updates, [{"a": torch.zeros(2), "b": 0.0}])) == set()
     with pytest.raises(ValueError, match="sum to zero at some entries"):
         weighted_average(updates, [{"a": torch.tensor([0.0, 1.0]), "b": 1.0}])
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_the_partition_keeps_the_entries_a_stable_sort_puts_first(largest):
+    """DEA's selection by one partition equals the first k of a stable sort, ties to the lower index, on values
+    with many ties (rounded) and on every k."""
+    generator = torch.Generator().manual_seed(0)
+    magnitude = (torch.randn(200, generator=generator) * 4).round().abs()
+    order = torch.sort(magnitude, descending=largest, stable=True).indices
+    for k in range(0, 201, 7):
+        expected = np.zeros(200, dtype=bool)
+        expected[order[:k].numpy()] = True
+        assert np.array_equal(first_of_stable_sort(magnitude.numpy(), k, largest), expected), k

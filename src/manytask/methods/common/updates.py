@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -63,8 +64,10 @@ def is_parameter(key: str, value: Tensor) -> bool:
 
 
 def delta(sent: Mapping[str, Tensor], reply: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """trained − reference for every parameter of `reply` that was sent (keys as in the reply)."""
-    return {k: v - sent[reference_key(k)] for k, v in reply.items() if reference_key(k) in sent and is_parameter(k, v)}
+    """trained − reference for every parameter of `reply` that was sent (keys as in the reply), computed on the host
+    where messages lie (numpy: no kernel launch per array)."""
+    return {k: torch.from_numpy(_host(v) - _host(sent[reference_key(k)])) for k, v in reply.items()
+            if reference_key(k) in sent and is_parameter(k, v)}
 
 
 def delta_norm(deltas: Mapping[str, Tensor]) -> float:
@@ -109,15 +112,22 @@ def _bitmap_is_cheaper(numel: int, kept: int) -> bool:
     return math.ceil(numel / 8) <= 4 * kept  # packed mask bytes vs int32 index bytes; values cost the same
 
 
-def encode_sparse(name: str, dense: Tensor) -> dict[str, Tensor]:
+def encode_sparse(name: str, dense: Tensor | np.ndarray) -> dict[str, Tensor]:
     """The nonzero entries of `dense` as wire arrays under `sparse/<name>/…`, bitmap or indices, whichever is
-    smaller."""
-    flat = dense.reshape(-1)
-    positions = flat.nonzero().flatten()
+    smaller. Host arrays (numpy): wire work, no kernel launches."""
+    array = _host(dense)
+    flat = array.reshape(-1)
+    positions = np.flatnonzero(flat)
     prefix = f"{SPARSE_PREFIX}{name}/"
-    if _bitmap_is_cheaper(flat.numel(), len(positions)):
-        return {prefix + MASK: dense != 0, prefix + VALUES: flat[positions]}
-    return {prefix + INDEX: positions.to(torch.int32), prefix + VALUES: flat[positions]}
+    if _bitmap_is_cheaper(flat.size, positions.size):
+        arrays = {prefix + MASK: array != 0, prefix + VALUES: flat[positions]}
+    else:
+        arrays = {prefix + INDEX: positions.astype(np.int32), prefix + VALUES: flat[positions]}
+    return {key: torch.from_numpy(value) for key, value in arrays.items()}
+
+
+def _host(value: Tensor | np.ndarray) -> np.ndarray:
+    return value.detach().cpu().numpy() if isinstance(value, Tensor) else value
 
 
 def sparse_names(arrays: Iterable[str]) -> list[str]:
@@ -127,31 +137,36 @@ def sparse_names(arrays: Iterable[str]) -> list[str]:
 
 
 def decode_sparse(arrays: Mapping[str, Tensor], name: str, shape: torch.Size) -> Tensor:
-    """Inverse of `encode_sparse`: the dense tensor of `shape` (zeros where nothing was sent)."""
+    """Inverse of `encode_sparse`: the dense tensor of `shape` (zeros where nothing was sent), built on the host."""
     prefix = f"{SPARSE_PREFIX}{name}/"
-    values = arrays[prefix + VALUES]
-    if values.dim() != 1:
+    values = _host(arrays[prefix + VALUES])
+    if values.ndim != 1:
         raise ValueError(f"sparse '{name}': values of shape {tuple(values.shape)}, expected one dimension")
-    dense = torch.zeros(math.prod(shape), dtype=values.dtype)
+    dense = np.zeros(math.prod(shape), dtype=values.dtype)
     if prefix + MASK in arrays:
         mask = arrays[prefix + MASK]
         if tuple(mask.shape) != tuple(shape) or mask.dtype != torch.bool:
             raise ValueError(f"sparse '{name}': mask of {mask.dtype} {tuple(mask.shape)}, expected bool {tuple(shape)}")
-        positions = mask.reshape(-1).nonzero().flatten()
+        positions = np.flatnonzero(_host(mask))
     else:
         index = arrays[prefix + INDEX]
         if index.dim() != 1 or index.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"sparse '{name}': index of {index.dtype} {tuple(index.shape)}, expected 1-D integers")
-        positions = index.long()
+        positions = _host(index).astype(np.int64)
     if len(positions) != len(values) or (len(positions) and (positions.min() < 0 or positions.max() >= len(dense))):
         raise ValueError(f"sparse '{name}': {len(values)} values for {len(positions)} positions, or out of range")
     dense[positions] = values
-    return dense.reshape(shape)
+    return torch.from_numpy(dense.reshape(tuple(shape)))
 
 
 def densify(arrays: Mapping[str, Tensor], sent: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """A reply's arrays with every sparsely sent delta replaced by reference + delta (dense arrays unchanged)."""
+    """A reply's arrays with every sparsely sent delta replaced by reference + delta (dense arrays unchanged),
+    computed on the host."""
     names = sparse_names(arrays)
     dense = {k: v for k, v in arrays.items() if not k.startswith(SPARSE_PREFIX)}
-    deltas = {n: decode_sparse(arrays, n, sent[reference_key(n)].shape) for n in names}
-    return {**dense, **apply(sent, deltas)}
+    restored = {}
+    for name in names:
+        reference = _host(sent[reference_key(name)])
+        change = decode_sparse(arrays, name, torch.Size(reference.shape)).numpy()
+        restored[name] = torch.from_numpy((reference + change).astype(reference.dtype, copy=False))
+    return {**dense, **restored}

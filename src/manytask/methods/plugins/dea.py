@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar, Literal
 
+import numpy as np
 import torch
 from pydantic import Field
 from torch import Tensor
@@ -65,34 +66,57 @@ def dea(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Decoupling and recalibration of one flat update (FedDEA, eqs. 3-5): keep k = ⌊ρ·d⌋ entries, zero the rest,
-    multiply by 1/ρ. `largest` keeps the largest |Δ| (ties: the lower index, by a stable sort); `smallest` and
-    `random` (k entries drawn with `generator`) are the paper's ablations. ρ = 1 returns `update` itself."""
+    multiply by 1/ρ. `largest` keeps the largest |Δ| (ties: the lower index, as a stable sort orders them);
+    `smallest` and `random` (k entries drawn with `generator`) are the paper's ablations. ρ = 1 returns `update`
+    itself. Computed on the host (a reply's arrays lie there): a partition, O(d), in place of a sort."""
     if not 0 < rho <= 1:
         raise ValueError(f"the selection ratio ρ must lie in (0, 1]; got {rho}")
     if rho == 1:
         return update
-    k = kept_count(rho, update.numel())
+    flat = update.detach().cpu().numpy()
+    k = kept_count(rho, flat.size)
     if select == "random":
         if generator is None:
             raise ValueError("a random DEA mask needs a seeded generator")
-        kept = torch.randperm(update.numel(), generator=generator)[:k]
+        kept = np.zeros(flat.size, dtype=bool)
+        kept[torch.randperm(flat.size, generator=generator)[:k].numpy()] = True
     else:
-        kept = torch.sort(update.abs(), descending=select == "largest", stable=True).indices[:k]
-    out = torch.zeros_like(update)
-    out[kept] = update[kept] / rho if rescale else update[kept]
-    return out
+        kept = first_of_stable_sort(np.abs(flat), k, largest=select == "largest")
+    out = np.zeros_like(flat)
+    out[kept] = flat[kept] / rho if rescale else flat[kept]
+    return torch.from_numpy(out)
+
+
+def first_of_stable_sort(magnitude: np.ndarray, k: int, largest: bool) -> np.ndarray:
+    """The k entries a stable sort of `magnitude` (descending where `largest`) puts first, as a boolean mask, by one
+    partition: every entry beyond the k-th value, then the lowest-indexed entries equal to it."""
+    kept = np.zeros(magnitude.size, dtype=bool)
+    if k >= magnitude.size:
+        kept[:] = True
+        return kept
+    if k == 0:
+        return kept
+    if largest:
+        threshold = np.partition(magnitude, magnitude.size - k)[magnitude.size - k]
+        kept = magnitude > threshold
+    else:
+        threshold = np.partition(magnitude, k - 1)[k - 1]
+        kept = magnitude < threshold
+    kept[np.flatnonzero(magnitude == threshold)[: k - int(np.count_nonzero(kept))]] = True
+    return kept
 
 
 class DeaClient(PluginClient[DeaParams]):
     """Uploads each trained copy's parameter deltas after DEA, sparsely; buffers and entries that were not sent
-    travel as the host sent them."""
+    travel as the host sent them. The reply's arrays lie on the host, and DEA works on them there (numpy): no
+    kernel launches, whatever the round's clients."""
 
     def transform_reply(self, ctx: ClientContext, payload: Message, reply: Message) -> Message:
         sent, arrays = payload.tensors(), reply.tensors()
-        changed: dict[str, Tensor] = {}
+        changed: dict[str, np.ndarray] = {}
         inflations = []
         for name, keys in copy_groups(arrays).items():
-            deltas = delta(sent, {k: arrays[k] for k in keys})
+            deltas = {k: v.numpy() for k, v in delta(sent, {k: arrays[k] for k in keys}).items()}  # views
             decoupled, inflation = self.decoupled(deltas, torch_generator(ctx.seed, "dea", name or ""))
             changed.update(decoupled)
             inflations.append(inflation)
@@ -101,21 +125,22 @@ class DeaClient(PluginClient[DeaParams]):
             upload.update(encode_sparse(key, change))
         scalars = dict(reply.scalars)
         if self.params.rho < 1 and inflations:  # at ρ = 1 DEA is the host, bytes included
-            scalars[INFLATION] = float(torch.stack(inflations).mean())  # read once per client, with its reply
+            scalars[INFLATION] = sum(inflations) / len(inflations)
         return Message.from_tensors(upload, scalars=scalars)
 
-    def decoupled(self, deltas: dict[str, Tensor], generator: torch.Generator) -> tuple[dict[str, Tensor], Tensor]:
+    def decoupled(self, deltas: dict[str, np.ndarray], generator: torch.Generator
+                  ) -> tuple[dict[str, np.ndarray], float]:
         """One copy's deltas, flattened in key order, through `dea`: (Δ̃ of every array that DEA changed, the norm
-        inflation c = ‖Δ̃‖ / ‖Δ‖ as a float64 tensor, 1 for a zero update)."""
+        inflation c = ‖Δ̃‖ / ‖Δ‖, 1 for a zero update)."""
         if not deltas:
-            return {}, torch.ones((), dtype=torch.float64)
-        flat = torch.cat([d.reshape(-1) for d in deltas.values()])
-        out = dea(flat, self.params.rho, self.params.select, self.params.rescale, generator)
-        before, after = (torch.linalg.vector_norm(v, dtype=torch.float64) for v in (flat, out))
-        inflation = torch.where(before > 0, after / before, 1.0)
-        pieces = out.split([d.numel() for d in deltas.values()])
+            return {}, 1.0
+        flat = np.concatenate([d.reshape(-1) for d in deltas.values()])
+        out = dea(torch.from_numpy(flat), self.params.rho, self.params.select, self.params.rescale, generator).numpy()
+        before, after = (math.sqrt(float(np.dot(v, v))) for v in (flat.astype(np.float64), out.astype(np.float64)))
+        inflation = after / before if before > 0 else 1.0
+        pieces = np.split(out, np.cumsum([d.size for d in deltas.values()])[:-1])
         return {key: new.reshape(old.shape) for (key, old), new in zip(deltas.items(), pieces, strict=True)
-                if not torch.equal(new, old.reshape(-1))}, inflation
+                if not np.array_equal(new, old.reshape(-1))}, inflation
 
 
 class DeaServer(PluginServer[DeaParams]):
