@@ -93,3 +93,12 @@ def test_personal_methods_on_cuda_give_the_cpu_numbers_within_float_tolerance(tm
         for task, metrics in summary["tasks"].items():
             assert gpu[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-3), (label, task)
 
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
+def test_flower_client_gpus_without_a_gpu_is_refused_before_ray_starts(tmp_path):
+    pytest.importorskip("flwr")
+    data = {**CONFIG, "engine": "flower-sim", "flower": {"client_gpus": 0.25}}
+    with pytest.raises(ManytaskError, match=r"flower.client_gpus: 0.25, but torch sees no CUDA GPU"):
+        run_config(validate(data), tmp_path / "run")
+    assert validate({**CONFIG, "flower": {"client_gpus": 0.5}}).flower.client_gpus == 0.5

@@ -57,6 +57,8 @@ class FlowerConfig(Params):
     round_timeout: float = Field(default=300.0, gt=0, description="seconds to wait for a round's replies")
     connect_timeout: float = Field(default=120.0, gt=0, description="seconds to wait for all SuperNodes")
     client_cpus: float = Field(default=1.0, gt=0, description="CPUs per virtual client (engine=flower-sim)")
+    client_gpus: float = Field(default=0.0, ge=0, description="GPUs per virtual client (engine=flower-sim): 0 trains "
+                               "them on the CPU (Ray hides the GPUs from them); a fraction shares one, 0.25 among four")
     sim_cpus: int = Field(default=2, ge=1, description="CPUs Ray may use (engine=flower-sim)")
 
 
