@@ -43,6 +43,13 @@ class TrainConfig(Params):
     losses: dict[str, str] = Field(default_factory=dict, description="per task name, a training loss in place of "
                                    "its kind's: map-l1 (edges, saliency) or shifted-l1 (normals), the task-grouping "
                                    "code's (tasks/dense_losses.py)")
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="bf16: the forward passes and losses of local steps under bfloat16 autocast "
+        "(parameters, gradients, optimizer and aggregation stay float32; docs/performance.md states its tolerance)")
+
+    def autocast(self, device: torch.device) -> torch.autocast:
+        """The local step's forward context on `device`: bfloat16 autocast under `precision: bf16`, else off."""
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def lr_at(self, round_index: int, total_rounds: int) -> float:
         """The learning rate of a round (0-based); the schedule runs over rounds, not local steps."""
@@ -146,21 +153,23 @@ class Trainer:
         losses: dict[str, list[Tensor]] = {task: [] for task in data}  # read once, after the last step: no sync
         steps = self.num_steps(data)
         train_mode(model)
+        autocast = self.config.autocast(params[0].device if params else torch.device("cpu"))
         for index in range(steps):
             opt.zero_grad(set_to_none=True)
             step = StepContext(index, lr, model)
-            if shared:
-                self._forward_shared(step, data, next(batches["shared"]))
-            else:
-                for task, stream in batches.items():
-                    self._forward(step, task, next(stream))
-            for task in data:
-                losses[task].append(step.losses[task].detach())
-            loss = combine(step)
-            for hook in hooks:
-                extra = hook.loss(step)
-                if extra is not None:
-                    loss = loss + extra
+            with autocast:
+                if shared:
+                    self._forward_shared(step, data, next(batches["shared"]))
+                else:
+                    for task, stream in batches.items():
+                        self._forward(step, task, next(stream))
+                for task in data:
+                    losses[task].append(step.losses[task].detach())
+                loss = combine(step)
+                for hook in hooks:
+                    extra = hook.loss(step)
+                    if extra is not None:
+                        loss = loss + extra
             for hook in hooks:
                 hook.before_backward(step)
             loss.backward()

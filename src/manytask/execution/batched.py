@@ -157,6 +157,7 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
     prefix = Pyramid.PREFIX if dense else ""
     config = trainer.config
     optimizer = batched_optimizer(config, config.lr_at(round_index, total_rounds))
+    autocast = config.autocast(device)
     names = list(leaves)
     group_of = {n: i for i, g in enumerate(round_.groups) for n in names if n.startswith(g.key(i, ""))}
     recorded: list[tuple[Tensor, Tensor]] = []
@@ -174,33 +175,34 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                                part[step].index_select(0, layout.rows)
                                for part in (batches.index, batches.weight, batches.mask))
         x = inputs.index_select(0, index.flatten()).view(*index.shape, *inputs.shape[1:])
-        rows_forward = vmap(backbone_row) if chain is None else chain
-        passes, stats, extra = _backbone_passes(rows_forward, live, leaves, running, x, mask, layout)
-        # what the heads read, and the feature vectors MOON contrasts (a dense model's pooled deepest level)
-        raw_features = passes[-1].mean(dim=(-2, -1)) if dense else passes
-        head_inputs = passes if dense else template.head_input(passes)
-        size = tuple(x.shape[-2:]) if dense else None
-        losses = []
-        for g, (group, (y, y_index)) in enumerate(zip(round_.groups, targets, strict=True)):
-            count, positions = layout.pairs[g], layout.positions[g]
-            if not count:
-                continue
-            head = template.heads[group.task]
-            params = {s: live[group.key(g, s)] for s, _ in head.named_parameters()}
-            pair_inputs = head_inputs if positions is None else _rows(head_inputs, positions)
-            row_weight = weight if positions is None else weight.index_select(0, positions)
-            pair_index = y_index[step][:count]
-            row_y = y.index_select(0, pair_index.flatten()).view(*pair_index.shape, *y.shape[1:])
-            losses.append(vmap(_head_loss(head, group.row_loss, size))(params, pair_inputs, row_y, row_weight))
-            labels = row_y  # one group when there are state terms: the labels of the rows, in row order
-        step_losses = losses[0] if len(losses) == 1 else torch.cat(losses)
-        loss = step_losses.sum()
-        for term in terms:
-            loss = loss + term.loss(live)
-        for feature_term in feature_terms:
-            loss = loss + feature_term.loss(live, raw_features, x, weight, layout)
-        for state_term in state_terms:
-            loss = loss + state_term.loss(raw_features, labels, mask, layout)
+        with autocast:
+            rows_forward = vmap(backbone_row) if chain is None else chain
+            passes, stats, extra = _backbone_passes(rows_forward, live, leaves, running, x, mask, layout)
+            # what the heads read, and the feature vectors MOON contrasts (a dense model's pooled deepest level)
+            raw_features = passes[-1].mean(dim=(-2, -1)) if dense else passes
+            head_inputs = passes if dense else template.head_input(passes)
+            size = tuple(x.shape[-2:]) if dense else None
+            losses = []
+            for g, (group, (y, y_index)) in enumerate(zip(round_.groups, targets, strict=True)):
+                count, positions = layout.pairs[g], layout.positions[g]
+                if not count:
+                    continue
+                head = template.heads[group.task]
+                params = {s: live[group.key(g, s)] for s, _ in head.named_parameters()}
+                pair_inputs = head_inputs if positions is None else _rows(head_inputs, positions)
+                row_weight = weight if positions is None else weight.index_select(0, positions)
+                pair_index = y_index[step][:count]
+                row_y = y.index_select(0, pair_index.flatten()).view(*pair_index.shape, *y.shape[1:])
+                losses.append(vmap(_head_loss(head, group.row_loss, size))(params, pair_inputs, row_y, row_weight))
+                labels = row_y  # one group when there are state terms: the labels of the rows, in row order
+            step_losses = losses[0] if len(losses) == 1 else torch.cat(losses)
+            loss = step_losses.sum()
+            for term in terms:
+                loss = loss + term.loss(live)
+            for feature_term in feature_terms:
+                loss = loss + feature_term.loss(live, raw_features, x, weight, layout)
+            for state_term in state_terms:
+                loss = loss + state_term.loss(raw_features, labels, mask, layout)
         grads = list(torch.autograd.grad(loss, [live[n] for n in names] + list(extra.values()), allow_unused=True,
                                          materialize_grads=True))
         with torch.no_grad():
