@@ -46,3 +46,13 @@ def test_a_round_of_32_clients_dispatches_at_most_one_and_a_half_times_a_round_o
     assert sequential.syncs < 4 * 4
     if federation != "dense":  # an encoder–decoder round of four: about as many either way (docs/performance.md)
         assert sequential.ops > few.ops  # batching four clients already dispatches fewer kernels than one by one
+
+
+@pytest.mark.slow
+def test_matu_dispatches_about_as_many_kernels_for_32_clients_as_for_4_and_no_more_host_reads():
+    """MaTU's unifications (the server's per task set, the clients' per number of held tasks) run batched, and the
+    reads of rescalers and similarities are per round, not per client."""
+    method, plugins, _ = KERNEL_METHODS["matu"]
+    few, many = (round_kernels(kernel_config(method, plugins, n, "multi-task")) for n in (4, 32))
+    assert many.ops <= 1.5 * few.ops, (few.ops, many.ops)
+    assert many.syncs == few.syncs, (few.syncs, many.syncs)

@@ -76,7 +76,7 @@ class ClientRunner:
         began = time.perf_counter()
         received = _decoded_once([payloads[c] for c in clients])
         try:
-            made = [self.program.plan(ctx, payload) for ctx, payload in zip(ctxs, received, strict=True)]
+            made = self.program.plan_many(ctxs, received)
             plans = [plan for entry in made for plan in (entry if isinstance(entry, list) else [entry])]
             groups = batches(plans, self.budget)
             if len(groups) > 1:
@@ -89,8 +89,7 @@ class ClientRunner:
             return {c: self.fit(c, round_index, payloads[c], states[c]) for c in clients}
         # each client's results as it made its plans: one result, or a list for a list of plans (one per copy)
         outcomes = [[next(results) for _ in entry] if isinstance(entry, list) else next(results) for entry in made]
-        replies = [self.program.conclude(ctx, payload, entry, outcome)
-                   for ctx, payload, entry, outcome in zip(ctxs, received, made, outcomes, strict=True)]
+        replies = self.program.conclude_many(ctxs, received, made, outcomes)
         seconds = (time.perf_counter() - began) / len(clients)
         for client in clients:
             self._keep(client, states[client])

@@ -9,7 +9,7 @@ client-side: every holder of a task evaluates its own model on that task's test 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from manytask.client.trainer import TaskData, TrainConfig, Trainer, evaluate
 from manytask.devices import CPU
-from manytask.execution.plan import ClientPlan, Unbatchable
+from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
 from manytask.messages import Message
 from manytask.methods.client_state import StateSchema
 from manytask.models.adapters import LoraParams, add_lora
@@ -105,6 +105,23 @@ class ClientProgram(ABC, Generic[P]):
         changing anything, where the program trains with a loop of its own (the default); the engine then calls
         `fit`."""
         raise Unbatchable(f"{type(self).__name__} trains with a loop of its own")
+
+    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan | list[ClientPlan],
+                 result: PlanResult | list[PlanResult]) -> Message | None:
+        """The reply `fit` would have sent, from the executor's result(s) of `plan`'s plan(s)."""
+        raise TypeError(f"{type(self).__name__} makes plans but does not conclude them")
+
+    def plan_many(self, ctxs: Sequence[ClientContext], payloads: Sequence[Message | None]
+                  ) -> list[ClientPlan | list[ClientPlan]]:
+        """`plan` of every client of a batched round (what an executor calls); a program may share work among
+        them, such as what clients sent the same payload compute from it."""
+        return [self.plan(ctx, payload) for ctx, payload in zip(ctxs, payloads, strict=True)]
+
+    def conclude_many(self, ctxs: Sequence[ClientContext], payloads: Sequence[Message | None],
+                      plans: Sequence[ClientPlan | list[ClientPlan]], results: Sequence[PlanResult | list[PlanResult]]
+                      ) -> list[Message | None]:
+        """`conclude` of every client of a batched round; a program may compute its replies together."""
+        return [self.conclude(*client) for client in zip(ctxs, payloads, plans, results, strict=True)]
 
     def state_schema(self) -> StateSchema:
         """What this program keeps in a client's state (`methods/client_state.py`); nothing by default. The engine

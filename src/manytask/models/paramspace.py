@@ -4,7 +4,7 @@ Task vectors, masks, top-k selection and sign statistics all operate on these fl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +35,14 @@ class ParamSpace:
         if not self.names:
             return torch.zeros(0)
         return torch.cat([source[n].detach().reshape(-1) for n in self.names])
+
+    def flatten_many(self, states: Sequence[Mapping[str, Tensor]]) -> Tensor:
+        """`flatten` of every state, as the rows of one ``[len(states), dim]`` matrix (one stack per tensor and one
+        concatenation, whatever the number of states)."""
+        if not self.names:
+            return torch.zeros(len(states), 0)
+        return torch.cat([torch.stack([state[n].detach() for state in states]).reshape(len(states), -1)
+                          for n in self.names], dim=1)
 
     def unflatten(self, vector: Tensor) -> dict[str, Tensor]:
         """Split a flat vector back into named tensors of the original shapes (copies)."""

@@ -10,7 +10,7 @@ pure functions; this module only moves data in and out of it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import ClassVar, Literal
 
@@ -89,13 +89,21 @@ class TaskVectorSpace:
         return self.space.flatten(model) - self.initial
 
 
-def unified_message(vectors: Mapping[str, Tensor], extra: Mapping[str, Tensor], scalars: dict) -> Message:
+Unification = tuple[Tensor, Tensor, list[float]]  # τ_uni [d], masks [T, d], rescalers λ^t (read to the host)
+
+
+def unification(vectors: Mapping[str, Tensor]) -> Unification:
+    """`unify` of a client's task vectors, in the mapping's task order."""
+    unified, masks, rescalers = unify(torch.stack(list(vectors.values())))
+    return unified, masks, rescalers.tolist()
+
+
+def unified_message(tasks: list[str], unified: Unification, extra: Mapping[str, Tensor], scalars: dict) -> Message:
     """The unification of per-task vectors as sent on the wire: τ_uni, one bit mask and a rescaler per task."""
-    tasks = list(vectors)
-    unified, masks, rescalers = unify(torch.stack([vectors[t] for t in tasks]))
-    arrays: dict[str, Tensor] = {UNIFIED: unified, **extra}
+    vector, masks, rescalers = unified
+    arrays: dict[str, Tensor] = {UNIFIED: vector, **extra}
     arrays.update({MASK_PREFIX + t: masks[i] for i, t in enumerate(tasks)})
-    scalars = {**scalars, **{RESCALER_PREFIX + t: float(rescalers[i]) for i, t in enumerate(tasks)}}
+    scalars = {**scalars, **{RESCALER_PREFIX + t: rescalers[i] for i, t in enumerate(tasks)}}
     return Message.from_tensors(arrays, scalars=scalars)
 
 
@@ -104,8 +112,22 @@ def task_vectors_message(
 ) -> Message:
     """Per-task vectors on the wire: unified (MaTU) or, for the ablation, one float vector per task."""
     if unified:
-        return unified_message(vectors, extra, scalars)
+        return unified_message(list(vectors), unification(vectors), extra, scalars)
     return Message.from_tensors({**{VECTOR_PREFIX + t: v for t, v in vectors.items()}, **extra}, scalars=scalars)
+
+
+def batched_unifications(vectors: Tensor, counts: list[int]) -> list[Unification]:
+    """`unification` of consecutive row groups of `vectors` ([Σ counts, d]: a client's task vectors after the
+    previous client's), the clients with the same number of tasks unified in one batched pass."""
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    out: dict[int, Unification] = {}
+    for size in sorted(set(counts)):
+        clients = [c for c, n in enumerate(counts) if n == size]
+        rows = torch.tensor([starts[c] + i for c in clients for i in range(size)])
+        unified, masks, rescalers = unify(vectors.index_select(0, rows).view(len(clients), size, -1))
+        for position, (client, scales) in enumerate(zip(clients, rescalers.tolist(), strict=True)):
+            out[client] = unified[position], masks[position], scales
+    return [out[client] for client in range(len(counts))]
 
 
 def received_vectors(message: Message, tasks: list[str]) -> dict[str, Tensor]:
@@ -143,33 +165,69 @@ class MatuClient(ClientProgram):
         return self.reply(ctx, trained, reports)
 
     def plan(self, ctx: ClientContext, payload: Message | None) -> list[ClientPlan]:
-        assert payload is not None, "MaTU clients always receive their tasks' vectors"
-        tasks = list(ctx.data)
-        starts = received_vectors(payload, tasks)
-        received_heads = {k: v for k, v in payload.tensors().items() if task_of_key(k) is not None}
+        return self.plan_many([ctx], [payload])[0]
+
+    def plan_many(self, ctxs: Sequence[ClientContext], payloads: Sequence[Message | None]
+                  ) -> list[list[ClientPlan]]:
+        """One plan per held task's copy, from its task's received vector; the clients sent the same payload (those
+        of one task set) reconstruct their starts from it once."""
         trainer = self.setup.trainer()
-        return [ClientPlan(self.template.model, trainer, ctx.round_index, self.setup.rounds, {},
-                           {task: ctx.data[task]},
-                           self.template.start(self.space.space.views(self.space.initial + starts[task]),
-                                               received_heads),  # views: the executor stacks (copies) its starts
-                           derive_seed(ctx.seed, task)) for task in tasks]
+        starts: dict[tuple[int, tuple[str, ...]], dict[str, dict[str, Tensor]]] = {}
+        plans = []
+        for ctx, payload in zip(ctxs, payloads, strict=True):
+            assert payload is not None, "MaTU clients always receive their tasks' vectors"
+            tasks = list(ctx.data)
+            key = id(payload), tuple(tasks)  # every payload lives through the call: ids are not reused
+            if key not in starts:
+                received = received_vectors(payload, tasks)
+                # views: the executor stacks (copies) the starts
+                starts[key] = {t: self.space.space.views(self.space.initial + received[t]) for t in tasks}
+            received_heads = {k: v for k, v in payload.tensors().items() if task_of_key(k) is not None}
+            plans.append([ClientPlan(self.template.model, trainer, ctx.round_index, self.setup.rounds, {},
+                                     {task: ctx.data[task]}, self.template.start(starts[key][task], received_heads),
+                                     derive_seed(ctx.seed, task)) for task in tasks])
+        return plans
 
     def conclude(self, ctx: ClientContext, payload: Message | None, plans: list[ClientPlan],
                  results: list[PlanResult]) -> Message:
-        tasks = list(ctx.data)
-        trained = {t: self.template.trained(r.params, [t]) for t, r in zip(tasks, results, strict=True)}
-        return self.reply(ctx, trained, {t: r.report for t, r in zip(tasks, results, strict=True)})
+        return self.conclude_many([ctx], [payload], [plans], [results])[0]
+
+    def conclude_many(self, ctxs: Sequence[ClientContext], payloads: Sequence[Message | None],
+                      plans: Sequence[list[ClientPlan]], results: Sequence[list[PlanResult]]) -> list[Message]:
+        """Every client's reply, the round's task vectors flattened together and unified in one pass per number
+        of held tasks."""
+        trained = [{t: self.template.trained(r.params, [t]) for t, r in zip(ctx.data, rs, strict=True)}
+                   for ctx, rs in zip(ctxs, results, strict=True)]
+        states = [state for client in trained for state in client.values()]
+        vectors = self.space.space.flatten_many(states) - self.space.initial
+        counts = [len(client) for client in trained]
+        unified = batched_unifications(vectors, counts) if self.params.unify else None
+        replies, row = [], 0
+        for c, (ctx, client) in enumerate(zip(ctxs, trained, strict=True)):
+            rows = dict(zip(client, vectors[row:row + counts[c]], strict=True))
+            row += counts[c]
+            reports = {t: r.report for t, r in zip(ctx.data, results[c], strict=True)}
+            replies.append(self.message(ctx, client, reports, rows, None if unified is None else unified[c]))
+        return replies
 
     def reply(self, ctx: ClientContext, trained: Mapping[str, Mapping[str, Tensor]],
               reports: Mapping[str, TrainReport]) -> Message:
         """Per task, its copy's vector τ (the adapters minus their initial values) and head, unified for the wire."""
-        vectors, heads, scalars = {}, {}, {}
+        vectors = {task: self.space.space.flatten(state) - self.space.initial for task, state in trained.items()}
+        return self.message(ctx, trained, reports, vectors, unification(vectors) if self.params.unify else None)
+
+    def message(self, ctx: ClientContext, trained: Mapping[str, Mapping[str, Tensor]],
+                reports: Mapping[str, TrainReport], vectors: Mapping[str, Tensor], unified: Unification | None
+                ) -> Message:
+        """The reply: the task vectors (as `unified`, or one per task for the ablation), heads, losses and counts."""
+        heads, scalars = {}, {}
         for task, state in trained.items():
-            vectors[task] = self.space.space.flatten(state) - self.space.initial
             heads.update({k: v for k, v in state.items() if task_of_key(k) == task})
             scalars[LOSS_PREFIX + task] = reports[task].mean_loss[task]
             scalars[SIZE_PREFIX + task] = len(ctx.data[task][1])
-        return task_vectors_message(vectors, heads, scalars, self.params.unify)
+        if unified is None:
+            return task_vectors_message(vectors, heads, scalars, unified=False)
+        return unified_message(list(trained), unified, heads, scalars)
 
 
 class MatuServer(ServerProgram):
@@ -182,12 +240,24 @@ class MatuServer(ServerProgram):
         self.heads = dict(self.space.heads)
 
     def configure_fit(self, round_index: int, clients: list[int]) -> dict[int, Message | None]:
-        return {c: self.payload_for(c) for c in clients}
+        """Each client's payload, made once per task set (clients of one task set get the same message)."""
+        sets = list(dict.fromkeys(tuple(self.setup.holdings[c]) for c in clients))
+        payloads = dict(zip(sets, self.payloads(sets), strict=True))
+        return {c: payloads[tuple(self.setup.holdings[c])] for c in clients}
 
     def payload_for(self, client: int) -> Message:
-        tasks = list(self.setup.holdings[client])
-        heads = {k: v for k, v in self.heads.items() if task_of_key(k) in tasks}
-        return task_vectors_message({t: self.vectors[t] for t in tasks}, heads, {}, self.params.unify)
+        return self.payloads([tuple(self.setup.holdings[client])])[0]
+
+    def payloads(self, sets: list[tuple[str, ...]]) -> list[Message]:
+        """The payload of each task set: its tasks' vectors, unified (the sets of one size in one batched pass),
+        and heads."""
+        heads = [{k: v for k, v in self.heads.items() if task_of_key(k) in tasks} for tasks in sets]
+        if not self.params.unify:
+            return [task_vectors_message({t: self.vectors[t] for t in tasks}, head, {}, unified=False)
+                    for tasks, head in zip(sets, heads, strict=True)]
+        rows = torch.stack([self.vectors[t] for tasks in sets for t in tasks])
+        unified = batched_unifications(rows, [len(tasks) for tasks in sets])
+        return [unified_message(list(tasks), u, head, {}) for tasks, u, head in zip(sets, unified, heads, strict=True)]
 
     def reply_problem(self, client: int, reply: Message) -> str | None:
         """A MaTU reply holds, for exactly the client's tasks, their counts, their heads and either the unification

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -95,7 +96,7 @@ def aggregate(
     num_tasks = len(names)
     # A finite sum means finite entries (a NaN or ±inf entry makes the sum NaN or ±inf); an overflowing sum of finite
     # entries only sends the upload down the literal path, which gives the same numbers.
-    finite = [bool(torch.isfinite(v.sum())) for v in vectors]
+    finite = [_finite_sum(v) for v in vectors]
 
     # Steps 1-2 run on batches of tasks with the same holder count K (see _SameTaskBatch).
     same = []
@@ -138,6 +139,14 @@ def aggregate(
     for start in range(0, d, _SPAN):
         plan.write_new(outputs, start, min(start + _SPAN, d))
     return dict(zip(names, outputs, strict=True))
+
+
+def _finite_sum(vector: Tensor) -> bool:
+    """Whether the entries' sum is finite, summed on the host in float64 (numpy: no kernel, no device read): for
+    float32 entries exactly when every entry is; float64 entries whose sum overflows take the literal path, which
+    gives the same numbers."""
+    values = vector.detach().cpu().numpy()
+    return bool(np.isfinite(np.sum(values, dtype=np.float64)))
 
 
 def _bool_mask(mask: Any, d: int, where: str) -> Tensor:

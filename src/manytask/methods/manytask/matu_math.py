@@ -62,7 +62,8 @@ def _as_matrix(vectors: Tensor, what: str) -> Tensor:
 
 def unify(vectors: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Unify task vectors ``[T, d]`` into ``(unified [d], masks bool [T, d], rescalers [T])`` (spec "Unification";
-    paper eq. 2 and the mask / rescaler definitions of §3.2):
+    paper eq. 2 and the mask / rescaler definitions of §3.2); a batch ``[B, T, d]`` unifies each of its B sets of
+    vectors on its own, in one pass (every output gains the leading B):
 
     * σ = sgn(Σ_t τ^t) (element-wise; the sum accumulates in float64, and σ_j = 0 on an exact tie Σ = 0);
     * μ_j = max{|τ^t_j| : sgn(τ^t_j) = σ_j}, 0 where no vector agrees and where σ_j = 0;
@@ -73,15 +74,15 @@ def unify(vectors: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
     T = 1 gives unified = τ, mask = (τ ≠ 0), λ = 1. Outputs are float32 (masks bool); the input is not modified.
     """
-    _as_matrix(vectors, "vectors")
+    _as_matrix(vectors if vectors.dim() != 3 else vectors[0], "vectors")
     tau = vectors.detach().to(torch.float64)
-    sigma = torch.sign(tau.sum(dim=0))  # [d], 0 on exact ties
-    agrees = (torch.sign(tau) == sigma.unsqueeze(0)) & (sigma != 0).unsqueeze(0)  # [T, d]
-    mu = torch.where(agrees, tau.abs(), torch.zeros_like(tau)).amax(dim=0)  # [d], 0 where none agrees
+    sigma = torch.sign(tau.sum(dim=-2))  # [d], 0 on exact ties
+    agrees = (torch.sign(tau) == sigma.unsqueeze(-2)) & (sigma != 0).unsqueeze(-2)  # [T, d]
+    mu = torch.where(agrees, tau.abs(), torch.zeros_like(tau)).amax(dim=-2)  # [d], 0 where none agrees
     unified = sigma * mu
-    masks = (tau * unified.unsqueeze(0)) > 0
-    numerator = tau.abs().sum(dim=1)
-    denominator = torch.where(masks, unified.abs().unsqueeze(0), torch.zeros_like(tau)).sum(dim=1)
+    masks = (tau * unified.unsqueeze(-2)) > 0
+    numerator = tau.abs().sum(dim=-1)
+    denominator = torch.where(masks, unified.abs().unsqueeze(-2), torch.zeros_like(tau)).sum(dim=-1)
     safe = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
     rescalers = torch.where(denominator > 0, numerator / safe, torch.ones_like(numerator))
     return unified.to(torch.float32), masks, rescalers.to(torch.float32)

@@ -11,7 +11,7 @@ A plug-in's own server state lives under `plugin/` in the checkpoint, next to th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
 import torch
@@ -51,11 +51,22 @@ class PluginClient(ClientProgram[P], Generic[P]):
     def state_schema(self) -> StateSchema:
         return self.host.state_schema()
 
+    def plan_many(self, ctxs: Sequence[ClientContext], payloads: Sequence[Message | None]
+                  ) -> list[ClientPlan | list[ClientPlan]]:
+        return self.host.plan_many(ctxs, payloads)
+
     def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan, result: PlanResult
                  ) -> Message | None:
         """The host's reply, transformed as `fit` does."""
-        reply = self.host.conclude(ctx, payload, plan, result)
-        return None if reply is None or payload is None else self.transform_reply(ctx, payload, reply)
+        return self.conclude_many([ctx], [payload], [plan], [result])[0]
+
+    def conclude_many(self, ctxs: Sequence[ClientContext], payloads: Sequence[Message | None],
+                      plans: Sequence[ClientPlan | list[ClientPlan]], results: Sequence[PlanResult | list[PlanResult]]
+                      ) -> list[Message | None]:
+        """The host's replies, each transformed as `fit` does."""
+        replies = self.host.conclude_many(ctxs, payloads, plans, results)
+        return [None if reply is None or payload is None else self.transform_reply(ctx, payload, reply)
+                for ctx, payload, reply in zip(ctxs, payloads, replies, strict=True)]
 
     def transform_reply(self, ctx: ClientContext, payload: Message, reply: Message) -> Message:
         """What is uploaded instead of the host's reply (default: the reply)."""
