@@ -186,6 +186,11 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         """The client's round for an executor: what `fit` trains, read without building a model (with `per_task`,
         one plan per copy); `Unbatchable` where its training needs more than the plain loop."""
         self._check_batchable()
+        return self.host_plan(ctx, payload)
+
+    def host_plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan | list[ClientPlan]:
+        """`plan` without the check that `fit` and `start` are the host's own (a subclass whose `plan` does what its
+        own `fit` adds calls this)."""
         trainer, (round_index, rounds) = self.trainer(ctx), self.schedule(ctx)
         if type(trainer).train is not Trainer.train:
             raise Unbatchable(f"{type(self).__name__} trains with a trainer of its own")

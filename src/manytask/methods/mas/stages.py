@@ -26,6 +26,7 @@ from torch import Tensor
 
 from manytask.client.trainer import TaskData, TrainHook, evaluate
 from manytask.errors import ManytaskError
+from manytask.execution.plan import ClientPlan, Unbatchable
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, Metrics, Setup
 from manytask.methods.common.global_model import GlobalModel, GlobalModelServer, fedavg_weights_of
@@ -79,12 +80,32 @@ class StagedClient(HostClient):
         self.affinity: AffinityHook | None = None
         return super().fit(ctx, payload)
 
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan | list[ClientPlan]:
+        """`fit`'s round as a plan, for a round that measures no affinity (the lookahead steps act inside the local
+        steps) and is not idle."""
+        assert payload is not None, "staged clients always receive the stage's model"
+        if not payload.arrays:
+            raise Unbatchable("an idle stage trains nothing")
+        if int(payload.scalars.get(MEASURE_EVERY, 0)):
+            raise Unbatchable("this round measures lookahead affinities inside the local steps")
+        self.stage_scalars = dict(payload.scalars)
+        self.affinity = None
+        return self.host_plan(ctx, payload)
+
     def schedule(self, ctx: ClientContext) -> tuple[int, int]:
         return int(self.stage_scalars[STAGE_ROUND]), int(self.stage_scalars[STAGE_ROUNDS])
 
     def copies(self, ctx: ClientContext, received: dict[str, Tensor]) -> Iterator[TrainedCopy]:
+        yield self.start(ctx, received, self.stage_tasks(ctx, received))
+
+    def planned_copies(self, ctx: ClientContext, received: dict[str, Tensor]) -> list[TrainedCopy]:
+        return [TrainedCopy(None, self.stage_tasks(ctx, received), *self.template, received, ctx.seed)]
+
+    @staticmethod
+    def stage_tasks(ctx: ClientContext, received: Mapping[str, Tensor]) -> list[str]:
+        """The held tasks whose decoders the server sent."""
         sent = {task_of_key(k) for k in received}
-        yield self.start(ctx, received, [t for t in ctx.data if t in sent])
+        return [t for t in ctx.data if t in sent]
 
     def hooks(self, ctx: ClientContext, copy: TrainedCopy) -> list[TrainHook]:
         every = int(self.stage_scalars.get(MEASURE_EVERY, 0))
@@ -93,8 +114,10 @@ class StagedClient(HostClient):
         self.affinity = AffinityHook(self.setup.specs, every, self.setup.train.weight_decay, self.params.per_lr)
         return [self.affinity]
 
-    def finish(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, float]:
-        return {} if self.affinity is None else self.affinity.scalars()
+    def reply(self, ctx: ClientContext, tensors: dict[str, Tensor], scalars: dict[str, float]) -> Message:
+        """The host's reply, with the affinities measured this round (if any)."""
+        measured = {} if self.affinity is None else self.affinity.scalars()
+        return super().reply(ctx, tensors, {**scalars, **measured})
 
 
 class StagedServer(HostModel, GlobalModelServer[StagedParams]):
