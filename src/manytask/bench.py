@@ -401,9 +401,10 @@ def _limit_table(limit: dict) -> BenchTable:
 def _members_table(rows: list[dict]) -> BenchTable:
     first = rows[0]
     return (
-        ["member", "steps", "batched s/round", "concatenated s/round", "batched / concatenated"],
+        ["member", "steps", "batched s/round", "concatenated s/round", "batched / concatenated",
+         "checkpoint / batched round"],
         [[r["member"], str(r["steps"]), f"{r['batched_s_per_round']:.4f}", f"{r['concatenated_s_per_round']:.4f}",
-          f"{r['ratio']:.3f}"] for r in rows],
+          f"{r['ratio']:.3f}", f"{r['checkpoint_share']:.1%}"] for r in rows],
         f"every member of the SFMTL comparison against the batched limit ({first['clients']} clients, SFMTL's CNN on "
         f"{first['source']}, 1 thread; median rounds and median paired ratios over {first['turns']} turns)")
 

@@ -168,7 +168,8 @@ def compute_limit(turns: int = 15) -> dict[str, Any]:
 
 def member_limits(turns: int = 15) -> list[dict[str, Any]]:
     """Per member of `SFMTL_MEMBERS`: its batched round and the concatenated loop of its steps, side by side
-    (`paired_rounds`), and the median paired ratio, which the project holds to ≤ 1.5."""
+    (`paired_rounds`), the median paired ratio, which the project holds to ≤ 1.5, and the checkpoint's share of the
+    batched round (the personal members checkpoint a model per client)."""
     from manytask.bench import engine_runner, paired_ratio, paired_rounds
 
     torch.set_num_threads(1)
@@ -177,7 +178,9 @@ def member_limits(turns: int = 15) -> list[dict[str, Any]]:
     for label, (method, inner) in SFMTL_MEMBERS.items():
         with engine_runner(limit_config("vectorized", total, method=method)) as batched:
             seconds = paired_rounds({"batched": batched, "concatenated": concatenated_runner(total, inner)}, turns)
+            checkpoint = batched.checkpoint_s_per_round
         rows.append({"member": label, "clients": CLIENTS, "steps": STEPS * inner, "source": source(),
                      "turns": turns, **{f"{k}_s_per_round": statistics.median(v) for k, v in seconds.items()},
-                     "ratio": paired_ratio(seconds["batched"], seconds["concatenated"])})
+                     "ratio": paired_ratio(seconds["batched"], seconds["concatenated"]),
+                     "checkpoint_share": checkpoint / statistics.median(seconds["batched"])})
     return rows
