@@ -135,8 +135,14 @@ def bare_runner(clients: int, rounds: int, sgd: Sgd = torch_sgd) -> Callable[[in
     the same clients, data, steps and FedAvg, one reused model; `sgd` builds its optimizer (torch's, as plain
     PyTorch code would; or the engine's own `PlainSGD`, for a stricter yardstick)."""
     experiment = Experiment.build(engine_config(clients, rounds + 2))
-    data = {c: experiment.client_data(c) for c in range(clients)}
-    model = experiment.setup.build_model()
+    return bare_rounds(experiment, {c: experiment.client_data(c) for c in range(clients)}, "bench", sgd)
+
+
+def bare_rounds(experiment: Experiment, data: dict[int, TaskData], name: str, sgd: Sgd = torch_sgd,
+                epochs: int = 1, clip: float | None = None) -> Callable[[int], None]:
+    """`bare_round` on `data` (the experiment's model, on the data's device) as a function that runs its next
+    `count` rounds, each round's batches seeded by `name` and its index."""
+    model = experiment.setup.build_model().to(next(iter(next(iter(data.values())).values()))[0].device)
     train = experiment.setup.train
     state = {k: v.clone() for k, v in model.state_dict().items()}
     done = [0]
@@ -145,7 +151,7 @@ def bare_runner(clients: int, rounds: int, sgd: Sgd = torch_sgd) -> Callable[[in
         nonlocal state
         for _ in range(count):
             state = bare_round(model, state, data, train.batch_size, train.lr, train.momentum,
-                               derive_seed(0, "bench", done[0]), sgd)
+                               derive_seed(0, name, done[0]), sgd, epochs, clip)
             done[0] += 1
 
     return run

@@ -23,12 +23,11 @@ from typing import Any
 
 import torch
 
-from manytask.bench import bare_round, engine_runner
+from manytask.bench import bare_rounds, engine_runner
 from manytask.config import RunConfig, resolve
 from manytask.devices import resolve_device
 from manytask.engine.sampling import clients_per_round
 from manytask.experiment import Experiment
-from manytask.seeding import derive_seed
 
 PAPER_CONFIG = Path("configs/sfmtl/fashion_mnist_rotated_masked.yaml")
 
@@ -72,19 +71,8 @@ def bare_sequential(config: RunConfig, rounds: int) -> float:
     count = clients_per_round(experiment.federation.num_clients, config.participation, config.clients_per_round)
     data = {c: {t: (x.to(device), y.to(device)) for t, (x, y) in experiment.client_data(c).items()}
             for c in range(count)}
-    model = experiment.setup.build_model().to(device)
     train = experiment.setup.train
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    done = [0]
-
-    def run(count_: int) -> None:
-        nonlocal state
-        for _ in range(count_):
-            state = bare_round(model, state, data, train.batch_size, train.lr, train.momentum,
-                               derive_seed(0, "paper", done[0]), epochs=train.local_epochs or 1,
-                               clip=train.grad_clip)
-            done[0] += 1
-
+    run = bare_rounds(experiment, data, "paper", epochs=train.local_epochs or 1, clip=train.grad_clip)
     run(1)
     _synchronize()
     return statistics.median(_timed(run, rounds))
