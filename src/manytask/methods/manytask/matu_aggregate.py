@@ -145,8 +145,10 @@ def _finite_sum(vector: Tensor) -> bool:
     """Whether the entries' sum is finite, summed on the host in float64 (numpy: no kernel, no device read): for
     float32 entries exactly when every entry is; float64 entries whose sum overflows take the literal path, which
     gives the same numbers."""
-    values = vector.detach().cpu().numpy()
-    return bool(np.isfinite(np.sum(values, dtype=np.float64)))
+    vector = vector.detach().cpu()
+    if vector.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds every bfloat16 value exactly
+        vector = vector.float()
+    return bool(np.isfinite(np.sum(vector.numpy(), dtype=np.float64)))
 
 
 def _bool_mask(mask: Any, d: int, where: str) -> Tensor:
