@@ -63,9 +63,9 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def bare_sequential(config: RunConfig, rounds: int) -> float:
+def bare_sequential(config: RunConfig, rounds: int) -> tuple[float, Experiment]:
     """Median seconds of the bare sequential loop's rounds (after one warm-up round) on the first member's clients
-    of a round, on the config's device."""
+    of a round, on the config's device; and that member's experiment."""
     experiment = Experiment.build(member_config(config, config.methods[0], "sequential", rounds + 1))
     device = resolve_device(experiment.config.device)
     count = clients_per_round(experiment.federation.num_clients, config.participation, config.clients_per_round)
@@ -75,7 +75,7 @@ def bare_sequential(config: RunConfig, rounds: int) -> float:
     run = bare_rounds(experiment, data, "paper", epochs=train.local_epochs or 1, clip=train.grad_clip)
     run(1)
     _synchronize()
-    return statistics.median(_timed(run, rounds))
+    return statistics.median(_timed(run, rounds)), experiment
 
 
 def paper_members(path: Path = PAPER_CONFIG, rounds: int = 2, sequential_rounds: int = 1,
@@ -84,14 +84,13 @@ def paper_members(path: Path = PAPER_CONFIG, rounds: int = 2, sequential_rounds:
     against the bare sequential loop's; and the batched rounds of all members together."""
     config = resolve(str(path), list(overrides or []))
     torch.set_num_threads(config.threads)  # as the engine's runs will
-    bare = bare_sequential(config, rounds)
-    base = Experiment.build(member_config(config, config.methods[0], "sequential", 1))
+    bare, base = bare_sequential(config, rounds)
     bare_passes = passes_per_round(base)
     rows = []
     for method in config.methods:
         total = rounds + sequential_rounds + 2
         with engine_runner(member_config(config, method, "auto", total)) as batched:
-            experiment = Experiment.build(member_config(config, method, "auto", total))
+            experiment = batched.loop.exp
             batched(1)
             _synchronize()
             batched_s = statistics.median(_timed(batched, rounds))

@@ -32,8 +32,9 @@ def state_bytes(state: Mapping[str, Tensor]) -> int:
 
 
 def _spill_notice(what: str, capacity: int) -> None:
-    print(f"{what} exceed{'s' if what.endswith('data') else ''} the {capacity / 2**30:.2f} GB kept on the device: "
-          "the least recently used move at each use", file=sys.stderr)
+    """`what` ("the clients' data exceeds", ...) past the bytes kept on the device: said once."""
+    print(f"{what} the {capacity / 2**30:.2f} GB kept on the device: the least recently used move at each use",
+          file=sys.stderr)
 
 
 class ResidentData:
@@ -85,7 +86,7 @@ class ResidentData:
     def _spill(self) -> None:
         if not self.spilled:
             self.spilled = True
-            _spill_notice("the clients' data", self.capacity)
+            _spill_notice("the clients' data exceeds", self.capacity)
 
 
 class ResidentStates:
@@ -109,4 +110,4 @@ class ResidentStates:
         state.update({k: v.to(CPU) for k, v in state.items()})
         if not self.spilled:
             self.spilled = True
-            _spill_notice("the client states", self.capacity)
+            _spill_notice("the client states exceed", self.capacity)
