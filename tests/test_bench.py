@@ -85,7 +85,7 @@ def test_paired_rounds_rotate_the_order_and_the_ratio_is_the_median_over_turns(m
 
 
 def test_the_paper_scale_part_times_every_member_against_the_bare_loop():
-    from manytask.bench import tables
+    from manytask.bench_tables import tables
     from manytask.paper_scale import paper_members
 
     small = ["benchmark.source=digits", "benchmark.num_clients=4", "federation.num_clients=4",
