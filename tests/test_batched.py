@@ -154,3 +154,29 @@ def test_batched_training_runs_float32_in_full_precision_and_restores_the_flags(
         assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_masked_batched_sgd_moves_each_row_as_sparse_sgdm_moves_its_client():
+    """Under masks, `BatchedSGD` is `SparseSGDM` row by row: weight decay and momentum never move a masked entry,
+    and rows that stop (a prefix trains) keep their state."""
+    from manytask.client.optimizers import SparseSGDM
+    from manytask.execution.steps import BatchedSGD
+
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randn(3, 4, 5, generator=generator)
+    masks = torch.rand(3, 4, 5, generator=generator) < 0.4
+    grads = [torch.randn(3, 4, 5, generator=generator) for _ in range(3)]
+    config = TrainConfig(optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.05)
+    stacked = start.clone()
+    batched = BatchedSGD(config, 0.1, [masks.float()])
+    for step, grad in enumerate(grads):
+        rows = 3 - step  # the last rows stop first
+        batched.step([stacked[:rows]], [grad[:rows].clone()])
+    for row in range(3):
+        param = torch.nn.Parameter(start[row].clone())
+        sparse = SparseSGDM([("w", param)], {"w": masks[row]}, lr=0.1, momentum=0.9, weight_decay=0.05)
+        for grad in grads[: 3 - row]:
+            param.grad = grad[row].clone()
+            sparse.step()
+        assert torch.allclose(stacked[row], param.detach(), rtol=1e-6, atol=1e-7)
+        assert torch.equal(stacked[row][~masks[row]], start[row][~masks[row]])

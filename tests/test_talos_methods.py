@@ -196,3 +196,24 @@ def test_the_original_talos_variant_and_explicit_settings_pick_the_calibration()
     assert TalosParams().calibration() == (10, 0.01, False)  # the FL paper: R 10, soft-zero 0.01, log p(ŷ|x)
     assert TalosParams(variant="original").calibration() == (4, 0.1, True)  # TaLoS's code: raw logit
     assert TalosParams(variant="original", calibration_rounds=2, soft_zero=0.0).calibration() == (2, 0.0, True)
+
+
+@pytest.mark.parametrize(("method", "rounds"), [("talos", 5), ("talos-partition", 5), ("talos-oneshot", 4)])
+def test_talos_training_rounds_run_batched_with_the_sequential_numbers(tmp_path, capsys, method, rounds):
+    """The head-only rounds (a frozen backbone) and the sparse rounds (frozen heads, SparseSGDM under each client's
+    own mask or subset) train batched and give the sequential numbers; the calibration round says why it does not."""
+    data = talos_config(method, rounds)
+    sequential = run_config(validate({**data, "execution": "sequential"}), tmp_path / "seq")[method]
+    batched = run_config(validate(data), tmp_path / "auto")[method]
+    notices = capsys.readouterr().err
+    assert "scores masks" in notices and "of its own" not in notices and "optimizer" not in notices
+    assert batched["bytes_down"] == sequential["bytes_down"]
+    # a reply's losses are floats in its framing: rounding may change their printed length by a byte
+    assert batched["bytes_up"] == pytest.approx(sequential["bytes_up"], abs=8)
+    for task, metrics in sequential["tasks"].items():
+        assert batched["tasks"][task]["accuracy"] == pytest.approx(metrics["accuracy"], abs=1e-9), task
+        assert batched["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), task
+    for a, b in zip(_rows(tmp_path / "seq"), _rows(tmp_path / "auto"), strict=True):
+        assert b["fit"].keys() == a["fit"].keys()
+        for key, value in a["fit"].items():
+            assert b["fit"][key] == pytest.approx(value, rel=1e-4, abs=1e-7), (a["round"], key)

@@ -136,7 +136,7 @@ def train_batched(plans: Sequence[ClientPlan], plain_chains: bool = True) -> lis
 def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[ClientPlan], steps: list[int],
                    round_index: int, total_rounds: int, plain_chains: bool, dense: bool) -> list[PlanResult]:
     round_ = Round(template, trainer, plans)
-    leaves = round_.leaves()
+    leaves, frozen = round_.leaves(), round_.leaves(trainable=False)
     owners = round_.owners(leaves)
     terms = stacked_terms(round_, leaves)
     feature_terms = [StackedFeatureTerm(round_, position) for position in range(len(plans[0].features))]
@@ -156,7 +156,7 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
     passed = Pyramid(backbone) if dense else backbone  # a dense round's pass gives the feature pyramid
     prefix = Pyramid.PREFIX if dense else ""
     config = trainer.config
-    optimizer = batched_optimizer(config, config.lr_at(round_index, total_rounds))
+    optimizer = batched_optimizer(config, config.lr_at(round_index, total_rounds), round_.masks(leaves))
     autocast = config.autocast(device)
     names = list(leaves)
     group_of = {n: i for i, g in enumerate(round_.groups) for n in names if n.startswith(g.key(i, ""))}
@@ -188,7 +188,8 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                 if not count:
                     continue
                 head = template.heads[group.task]
-                params = {s: live[group.key(g, s)] for s, _ in head.named_parameters()}
+                params = {s: live[k] if (k := group.key(g, s)) in live else frozen[k][:count]
+                          for s, _ in head.named_parameters()}
                 pair_inputs = head_inputs if positions is None else _rows(head_inputs, positions)
                 row_weight = weight if positions is None else weight.index_select(0, positions)
                 pair_index = y_index[step][:count]
@@ -291,6 +292,7 @@ def _results(round_: Round, leaves: Mapping[str, Tensor], running: Mapping[str, 
         for name in round_.names:
             place = round_.leaf_of(c, name)
             params[name] = plan.start[name] if place is None else rows[place[0]][place[1]]
+        params.update({name: plan.start[name] for name in round_.frozen_names if name in plan.start})
         for name in round_.buffer_names:
             params[BUFFER_PREFIX + name] = buffers[name][c]
         losses = {t: pair_losses[c, t] / max(steps[c], 1) for t in plan.data}

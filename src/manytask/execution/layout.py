@@ -53,9 +53,12 @@ class Round:
         self.template, self.trainer, self.plans = template, trainer, plans
         named = model_tensors(template)
         self.names = [n for n, p in named.parameters if p.requires_grad]
+        # heads a phase keeps frozen under a trained backbone: each pair's own values, stacked, but never moved
+        self.frozen_names = [n for n, p in named.parameters if not p.requires_grad and task_of_key(n) is not None]
         self.buffer_names = [n for n, _ in named.buffers]
         for plan in plans:
-            missing = [n for n in [*self.names, *self.buffer_names] if n not in plan.start]
+            held = [n for n in self.frozen_names if task_of_key(n) in plan.data]
+            missing = [n for n in [*self.names, *self.buffer_names, *held] if n not in plan.start]
             if missing:
                 raise Unbatchable(f"a client's plan has no start for {missing[0]}")
         self.rows: list[Row] = []
@@ -89,16 +92,32 @@ class Round:
     def per_client(self, name: str) -> bool:
         return name.startswith(self.client_prefixes)
 
-    def leaves(self) -> dict[str, Tensor]:
+    def leaves(self, trainable: bool = True) -> dict[str, Tensor]:
         """The stacked trainable leaves: backbone parameters over clients, head parameters over each group's
-        pairs."""
+        pairs; or (`trainable` off) the frozen head parameters, stacked the same way."""
         starts = [plan.start for plan in self.plans]
-        leaves = {n: torch.stack([s[n] for s in starts]) for n in self.names if self.per_client(n)}
+        leaves = {n: torch.stack([s[n] for s in starts]) for n in self.names if trainable and self.per_client(n)}
         for index, group in enumerate(self.groups):
-            for suffix, _ in self.template.heads[group.task].named_parameters():
-                leaves[group.key(index, suffix)] = torch.stack(
-                    [starts[c][head_prefix(t) + suffix] for c, t, _ in group.pairs])
+            for suffix, param in self.template.heads[group.task].named_parameters():
+                if param.requires_grad == trainable:
+                    leaves[group.key(index, suffix)] = torch.stack(
+                        [starts[c][head_prefix(t) + suffix] for c, t, _ in group.pairs])
         return leaves
+
+    def masks(self, leaves: Mapping[str, Tensor]) -> list[Tensor | None] | None:
+        """Per leaf (in `leaves`' order), every client's `masks` stacked in the leaf's dtype (None: the leaf moves
+        whole); None when no plan trains under masks."""
+        masks = [plan.masks for plan in self.plans]
+        if all(m is None for m in masks):
+            return None
+        names = set(masks[0] or ())
+        if any(m is None or set(m) != names for m in masks):
+            raise Unbatchable("clients of the round train under masks of different parameters, or without")
+        outside = [n for n in names if n not in leaves or not self.per_client(n)]
+        if outside:
+            raise Unbatchable(f"a mask covers a parameter that is not trained per client ({outside[0]})")
+        return [torch.stack([m[n] for m in masks]).to(leaf.dtype) if n in names else None
+                for n, leaf in leaves.items()]
 
     def owners(self, leaves: Mapping[str, Tensor]) -> dict[str, Tensor | None]:
         """Per leaf, the client of each of its rows (None: row r is client r)."""

@@ -56,6 +56,9 @@ class ClientPlan:
     features: list[FeatureTerm] = field(default_factory=list)  # terms on each batch's features (MOON's)
     state_terms: list[FeatureStateTerm] = field(default_factory=list)  # terms with a state (SFMTL-Graph's anchors)
     inner_steps: int = 1  # steps on each drawn batch (pFedMe's K): the trainer's steps × this many
+    # per parameter, the entries the steps may move under SGD with momentum, whatever the trainer's optimizer
+    # (`SparseSGDM`: TaLoS's); None: the trainer's optimizer moves every trainable entry
+    masks: dict[str, Tensor] | None = None
 
 
 @dataclass

@@ -3,7 +3,8 @@ operation here is row-wise, so each client gets exactly the update its own optim
 rounding), in a number of operations that does not grow with the clients.
 
 - `clip_per_client`: `torch.nn.utils.clip_grad_norm_` per client, its norm over all of that client's gradients;
-- `BatchedSGD`: `torch.optim.SGD` (momentum, coupled weight decay; no dampening, no Nesterov);
+- `BatchedSGD`: `torch.optim.SGD` (momentum, coupled weight decay; no dampening, no Nesterov), or under masks
+  `SparseSGDM` (client/optimizers.py);
 - `BatchedAdamW`: `torch.optim.AdamW` with its defaults (betas 0.9/0.999, eps 1e-8) and the config's weight decay.
 Each step moves the rows still training, a prefix of every stack: the optimizer's state is kept for all rows and
 stepped on the same prefix (rows only ever stop)."""
@@ -62,8 +63,12 @@ def _owner_groups(clients: Sequence[Tensor | None]) -> list[tuple[Tensor | None,
 
 
 class BatchedSGD:
-    def __init__(self, config: TrainConfig, lr: float) -> None:
+    """With `masks` (per leaf, each row's 0/1 mask, or None), `SparseSGDM`: the decayed gradient is masked before
+    the momentum, so a masked entry never moves."""
+
+    def __init__(self, config: TrainConfig, lr: float, masks: list[Tensor | None] | None = None) -> None:
         self.lr, self.momentum, self.weight_decay = lr, config.momentum, config.weight_decay
+        self.masks = masks
         self.buffers: list[Tensor] = []
 
     def step(self, params: list[Tensor], grads: list[Tensor]) -> None:
@@ -71,6 +76,9 @@ class BatchedSGD:
         with torch.no_grad():
             if self.weight_decay:
                 grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
+            if self.masks is not None:  # the gradients are this step's own: masked in place
+                masked = [(g, m[: len(g)]) for g, m in zip(grads, self.masks, strict=True) if m is not None]
+                torch._foreach_mul_([g for g, _ in masked], [m for _, m in masked])
             if self.momentum:
                 if not self.buffers:  # the first step's gradients become the buffers (autograd made them for it)
                     self.buffers = grads
@@ -118,5 +126,9 @@ def _prefix(state: list[Tensor], like: list[Tensor]) -> list[Tensor]:
     return [s[: len(t)] for s, t in zip(state, like, strict=True)]
 
 
-def batched_optimizer(config: TrainConfig, lr: float) -> BatchedSGD | BatchedAdamW:
-    return BatchedAdamW(config, lr) if config.optimizer == "adamw" else BatchedSGD(config, lr)
+def batched_optimizer(config: TrainConfig, lr: float, masks: list[Tensor | None] | None = None
+                      ) -> BatchedSGD | BatchedAdamW:
+    """The config's optimizer, or `SparseSGDM` (SGD with momentum under masks) where the plans bring masks."""
+    if masks is None and config.optimizer == "adamw":
+        return BatchedAdamW(config, lr)
+    return BatchedSGD(config, lr, masks)

@@ -7,20 +7,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from functools import cached_property
 
-from torch import Tensor
+from torch import Tensor, nn
 
-from manytask.models.multitask import BUFFER_PREFIX, MultiTaskModel, merged_state, state_keys
+from manytask.models.multitask import BUFFER_PREFIX, MultiTaskModel, merged_state, state_keys, task_of_key
 
 
 class ModelTemplate:
-    def __init__(self, model: MultiTaskModel) -> None:
+    def __init__(self, model: MultiTaskModel, module: nn.Module | None = None) -> None:
         self.model = model
+        self.module = model if module is None else module  # what is trained: the model, or a wrapper of it
         self._keys: dict[tuple[str, ...], list[str]] = {}
+
+    @property
+    def built(self) -> tuple[MultiTaskModel, nn.Module]:
+        return self.model, self.module
 
     @cached_property
     def initial_values(self) -> dict[str, Tensor]:
-        """Every trainable parameter and buffer of the model before anything is loaded, by module name."""
-        params = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+        """Every trainable parameter, head parameter (a phase may train the backbone under frozen heads that still
+        come from the server) and buffer of the model before anything is loaded, by module name."""
+        params = {n: p.detach() for n, p in self.model.named_parameters()
+                  if p.requires_grad or task_of_key(n) is not None}
         return {**params, **{n: b.detach() for n, b in self.model.named_buffers()}}
 
     def keys(self, tasks: Iterable[str]) -> list[str]:

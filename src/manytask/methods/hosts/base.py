@@ -4,7 +4,7 @@ side is `hosts/server.py`.
 
 A host client differs from FedAvg's in a few overridable places, never in the loop: `build_model` (e.g. a
 linearized model, a projection head), `local_keys` (parameters that stay on the client, FedPer/FedBN), `hooks`,
-`optimizer` and `combine` (its local objective), `trainer` and `schedule` (local work and lr schedule of a round,
+`sparse_masks` and `combine` (its local objective), `trainer` and `schedule` (local work and lr schedule of a round,
 e.g. per phase), `state_update`, `kept` and `finish` (client state after training, extra scalars), and
 `state_parts` (what that state holds, declared once). Plug-ins wrap any host through the client's reply
 (methods/plugins/base.py).
@@ -19,7 +19,7 @@ from functools import cached_property
 from pydantic import Field
 from torch import Tensor, nn
 
-from manytask.client.optimizers import OptimizerFactory
+from manytask.client.optimizers import OptimizerFactory, sparse_sgdm
 from manytask.client.terms import FeatureTerm, ParameterTerm
 from manytask.client.trainer import (
     LossCombiner,
@@ -121,9 +121,16 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         """Training hooks of the host's local objective (none for FedAvg)."""
         return []
 
-    def optimizer(self, ctx: ClientContext, copy: TrainedCopy) -> OptimizerFactory | None:
-        """The optimizer factory (None: the run's train config)."""
+    def sparse_masks(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, Tensor] | None:
+        """Per parameter, the entries the local steps may move, under SGD with momentum (`SparseSGDM`, whatever the
+        run's optimizer); None: the run's optimizer moves every trainable entry."""
         return None
+
+    def optimizer(self, ctx: ClientContext, copy: TrainedCopy) -> OptimizerFactory | None:
+        """The optimizer factory of `fit`: `SparseSGDM` under `sparse_masks`, or None (the run's train config)."""
+        masks = self.sparse_masks(ctx, copy)
+        train = self.setup.train
+        return None if masks is None else sparse_sgdm(masks, train.momentum, train.weight_decay)
 
     def combine(self, ctx: ClientContext, copy: TrainedCopy) -> LossCombiner:
         """How a step's task losses become one loss (the sum; learned task weights such as GradNorm's here)."""
@@ -195,34 +202,40 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         if type(trainer).train is not Trainer.train:
             raise Unbatchable(f"{type(self).__name__} trains with a trainer of its own")
         received = self.received(ctx, payload)
-        plans = [self._copy_plan(ctx, copy, trainer, round_index, rounds)
+        values = self.plan_values(ctx)
+        plans = [self._copy_plan(ctx, copy, values, trainer, round_index, rounds)
                  for copy in self.planned_copies(ctx, received)]
         return plans if self.params.per_task else plans[0]
 
-    def planned_copies(self, ctx: ClientContext, received: dict[str, Tensor]) -> list[TrainedCopy]:
-        """The copies `copies` would build, on the template (never trained): one per held task with `per_task`."""
-        if self.params.per_task:
-            return [TrainedCopy(t, [t], *self.template, received, derive_seed(ctx.seed, t)) for t in ctx.data]
-        return [TrainedCopy(None, list(ctx.data), *self.template, received, ctx.seed)]
+    def plan_values(self, ctx: ClientContext) -> ModelTemplate:
+        """The template this round's plans train (its trainable flags say what moves): the client's model, unless
+        a phase trains another part of it."""
+        return self.values
 
-    def _copy_plan(self, ctx: ClientContext, copy: TrainedCopy, trainer: Trainer, round_index: int, rounds: int
-                   ) -> ClientPlan:
+    def planned_copies(self, ctx: ClientContext, received: dict[str, Tensor]) -> list[TrainedCopy]:
+        """The copies `copies` would build, on the round's template (never trained): one per held task with
+        `per_task`."""
+        built = self.plan_values(ctx).built
+        if self.params.per_task:
+            return [TrainedCopy(t, [t], *built, received, derive_seed(ctx.seed, t)) for t in ctx.data]
+        return [TrainedCopy(None, list(ctx.data), *built, received, ctx.seed)]
+
+    def _copy_plan(self, ctx: ClientContext, copy: TrainedCopy, values: ModelTemplate, trainer: Trainer,
+                   round_index: int, rounds: int) -> ClientPlan:
         received = copy.received
         if copy.module is not copy.model:
             raise Unbatchable(f"{type(self).__name__} trains its model through a wrapper (a linearization)")
-        if self.optimizer(ctx, copy) is not None:
-            raise Unbatchable(f"{type(self).__name__} brings an optimizer of its own")
         if self.combine(ctx, copy) is not sum_of_task_losses:
             raise Unbatchable(f"{type(self).__name__} combines task losses its own way")
         hooks = self.hooks(ctx, copy)
         acting = [type(h).__name__ for h in hooks if not isinstance(h, ParameterTerm | FeatureTerm)]
         if acting:
             raise Unbatchable(f"hook {acting[0]} acts inside the training step")
-        start = merged_state(self.values.initial_values, received, self.local_state(ctx, copy))
+        start = merged_state(values.initial_values, received, self.local_state(ctx, copy))
         data = {t: ctx.data[t] for t in copy.tasks}
         return ClientPlan(copy.model, trainer, round_index, rounds, received, data, start, copy.seed,
                           [h for h in hooks if isinstance(h, ParameterTerm)], self.state_update(ctx, copy),
-                          [h for h in hooks if isinstance(h, FeatureTerm)])
+                          [h for h in hooks if isinstance(h, FeatureTerm)], masks=self.sparse_masks(ctx, copy))
 
     @cached_property
     def template(self) -> tuple[MultiTaskModel, nn.Module]:
@@ -232,7 +245,7 @@ class HostClient(HostModel, ClientProgram[HostParams]):
     @cached_property
     def values(self) -> ModelTemplate:
         """The template's initial values and state keys."""
-        return ModelTemplate(self.template[0])
+        return ModelTemplate(*self.template)
 
     def _check_batchable(self) -> None:
         overridden = [name for name in ("fit", "start") if getattr(type(self), name) is not getattr(HostClient, name)]
@@ -248,20 +261,24 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         tensors: dict[str, Tensor] = {}
         scalars = fit_scalars(ctx.data, {})
         plain = type(self).finish is HostClient.finish and type(self).upload is HostClient.upload
+        values = self.plan_values(ctx)
         copies = self.planned_copies(ctx, plans[0].sent)
         for copy, made, trained in zip(copies, plans, results, strict=True):
             if plain:
-                keys = self.values.keys(copy.tasks)
+                keys = values.keys(copy.tasks)
                 scalars.update({LOSS_PREFIX + t: loss for t, loss in trained.report.mean_loss.items()})
                 tensors.update(self.split_upload(ctx, copy, {k: trained.params[k] for k in keys}))
                 if made.update is not None:
                     self.keep_state(ctx, copy, made.update, trained.state)
             else:
-                # the rest keeps its initial values: no buffers, nothing frozen moves
-                model, module = self.models.take(ctx, trained.params)
-                loaded = TrainedCopy(copy.name, copy.tasks, model, module, copy.received, copy.seed)
-                self.conclude_copy(ctx, loaded, trained.report, tensors, scalars)
+                self.conclude_copy(ctx, self.loaded_copy(ctx, copy, trained.params), trained.report, tensors, scalars)
         return self.reply(ctx, tensors, scalars)
+
+    def loaded_copy(self, ctx: ClientContext, copy: TrainedCopy, trained: dict[str, Tensor]) -> TrainedCopy:
+        """A planned copy as a built model holding an executor's trained values (the rest keeps its initial values:
+        nothing frozen moves), for a `finish` or an `upload` of the host's own."""
+        model, module = self.models.take(ctx, trained)
+        return TrainedCopy(copy.name, copy.tasks, model, module, copy.received, copy.seed)
 
     def conclude_copy(
         self, ctx: ClientContext, copy: TrainedCopy, report: TrainReport, tensors: dict[str, Tensor],

@@ -54,7 +54,7 @@ class PartitionClient(TalosClient):
         return {name: copy.received[OWNED_PREFIX + name].bool() for name in self.scored}
 
     def upload(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, Tensor]:
-        if self.phase(ctx).name == HEAD_ONLY:
+        if self.heads_phase(ctx):
             return super().upload(ctx, copy)
         params = dict(copy.model.named_parameters())
         delta = {name: params[name].detach() - copy.received[name] for name in self.scored}

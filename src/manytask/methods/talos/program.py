@@ -14,17 +14,19 @@ the upload and the server's rule (talos/partitioned.py, talos/oneshot.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 from typing import ClassVar, Literal
 
 from pydantic import Field
 from torch import Tensor, nn
 
-from manytask.client.optimizers import OptimizerFactory, sparse_sgdm
 from manytask.errors import ManytaskError, clipped
+from manytask.execution.plan import ClientPlan, Unbatchable
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, Setup
 from manytask.methods.client_state import StatePart
 from manytask.methods.common.phases import Phase, Phases, PhaseStep
+from manytask.methods.common.template import ModelTemplate
 from manytask.methods.common.wire import counts_problem, fit_scalars
 from manytask.methods.hosts.base import HostClient, HostModel, HostParams, TrainedCopy
 from manytask.methods.hosts.server import HostServer
@@ -126,23 +128,51 @@ class TalosClient(TalosModel, HostClient):
             return self.calibrate(ctx, payload)
         return super().fit(ctx, payload)
 
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan | list[ClientPlan]:
+        """A training phase's round as a plan: the heads, or the scored entries under the client's mask."""
+        if self.phase(ctx).name == CALIBRATION:
+            raise Unbatchable("the calibration round scores masks and trains nothing")
+        return self.host_plan(ctx, payload)
+
     def schedule(self, ctx: ClientContext) -> tuple[int, int]:
         step = self.phase(ctx)
         return step.local_round, step.length
 
-    def start(self, ctx: ClientContext, received: dict[str, Tensor], tasks: list[str]) -> TrainedCopy:
-        """The copy with only its phase's part trainable: the heads, or the scored backbone entries."""
-        copy = super().start(ctx, received, tasks)
-        heads = self.phase(ctx).name == HEAD_ONLY
+    def heads_phase(self, ctx: ClientContext) -> bool:
+        """Whether this round trains the heads (else the scored backbone entries)."""
+        return self.phase(ctx).name == HEAD_ONLY
+
+    def train_only(self, model: nn.Module, heads: bool) -> None:
+        """Only one phase's part of `model` trainable: the heads, or the scored backbone entries."""
         keep = set(self.scored)
-        for name, param in copy.model.named_parameters():
+        for name, param in model.named_parameters():
             param.requires_grad_(task_of_key(name) is not None if heads else name in keep)
+
+    def start(self, ctx: ClientContext, received: dict[str, Tensor], tasks: list[str]) -> TrainedCopy:
+        copy = super().start(ctx, received, tasks)
+        self.train_only(copy.model, self.heads_phase(ctx))
         return copy
 
-    def optimizer(self, ctx: ClientContext, copy: TrainedCopy) -> OptimizerFactory | None:
-        if self.phase(ctx).name == HEAD_ONLY:
-            return None
-        return sparse_sgdm(self.trainable_mask(ctx, copy), self.setup.train.momentum, self.setup.train.weight_decay)
+    def loaded_copy(self, ctx: ClientContext, copy: TrainedCopy, trained: dict[str, Tensor]) -> TrainedCopy:
+        loaded = super().loaded_copy(ctx, copy, trained)
+        self.train_only(loaded.model, self.heads_phase(ctx))
+        return loaded
+
+    @cached_property
+    def phase_values(self) -> dict[bool, ModelTemplate]:
+        """The template of each training phase, by whether it trains the heads (its flags say what moves)."""
+        templates = {}
+        for heads in (True, False):
+            model, _ = self.build_on_device()
+            self.train_only(model, heads)
+            templates[heads] = ModelTemplate(model)
+        return templates
+
+    def plan_values(self, ctx: ClientContext) -> ModelTemplate:
+        return self.phase_values[self.heads_phase(ctx)]
+
+    def sparse_masks(self, ctx: ClientContext, copy: TrainedCopy) -> Masks | None:
+        return None if self.heads_phase(ctx) else self.trainable_mask(ctx, copy)
 
     def state_parts(self, copies: tuple[str, ...], keys: list[str]) -> dict[str, StatePart]:
         return {"mask": StatePart.of([MASK_STATE])}
