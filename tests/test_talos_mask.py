@@ -124,4 +124,43 @@ def test_the_sensitive_set_only_grows_over_the_calibration_rounds(monkeypatch, p
         expected = (sum(round(sparsity_at(r, 6, 0.9) * m.numel()) for m in marked.values()) if per_layer
                     else round(sparsity_at(r, 6, 0.9) * d))
         assert sum(int(m.sum()) for m in marked.values()) == expected
-    assert all(torch.equal(final[name], ~rounds[-1][name]) for name in final)
+    assert all(torch.equal(final[name], ~rounds[-1][name][0]) for name in final)  # one client: row 0
+
+
+@pytest.mark.parametrize(("per_layer", "raw_logit"), [(False, False), (True, True)])
+def test_a_rounds_clients_calibrated_at_once_get_the_masks_each_computes_alone(per_layer, raw_logit):
+    """`calibrate_many` (the calibration round batched): clients holding different tasks, different numbers of
+    examples, heads of their own and a BatchNorm backbone (running statistics of their own) get exactly the masks
+    `calibrate_mask` gives each alone, and their label draws equal `torch.multinomial`'s."""
+    from manytask.methods.talos.batched import Calibration, Settings, calibrate_many
+    from manytask.methods.talos.mask import exponential_draws, labels_from
+    from manytask.models.multitask import state_keys
+
+    p = torch.softmax(torch.randn(13, 6, generator=torch.Generator().manual_seed(0)), dim=1)
+    drawn = labels_from(p, exponential_draws((13, 6), torch.Generator().manual_seed(1)))
+    assert torch.equal(drawn, torch.multinomial(p, 1, generator=torch.Generator().manual_seed(1)).squeeze(1))
+
+    specs = {"a": TaskSpec("a", TaskKind.CLASSIFICATION, 5), "b": TaskSpec("b", TaskKind.CLASSIFICATION, 3)}
+    template = build_model("mlp", {"hidden": [7, 6], "norm": "batch"}, (4,), specs, seed=0)
+    names = tuple(scored_parameters(template))
+    settings = Settings(0.8, 3, 0.01, per_layer, raw_logit)
+    holdings = [{"a": 9}, {"b": 4, "a": 11}, {"b": 7}]
+    plans, alone = [], []
+    for c, held in enumerate(holdings):
+        model = build_model("mlp", {"hidden": [7, 6], "norm": "batch"}, (4,), specs, seed=10 + c)  # its own values
+        with torch.no_grad():
+            for _, module in model.backbone.named_modules():
+                if isinstance(module, torch.nn.BatchNorm1d):
+                    module.running_mean.uniform_(-0.5, 0.5)
+                    module.running_var.uniform_(0.5, 2)
+        batches = [(task, _inputs(n, seed=20 + c)) for task, n in held.items()]
+        tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        start = {k: tensors[k.removeprefix("buffer/")].detach().clone() for k in state_keys(model)}
+        start = {k.removeprefix("buffer/"): v for k, v in start.items()}
+        plans.append(Calibration(template, start, batches, names, {"a": 5, "b": 3}, settings, seed=30 + c))
+        alone.append(calibrate_mask(model, batches, 0.8, 3, 0.01, per_layer=per_layer, raw_logit=raw_logit,
+                                    seed=30 + c))
+    together = calibrate_many(plans)
+    for c, masks in enumerate(alone):
+        assert all(torch.equal(together[c][n], masks[n]) for n in names), c
+    assert not all(torch.equal(together[0][n], together[2][n]) for n in names)  # the clients differ

@@ -17,7 +17,7 @@ from manytask.client.trainer import TaskData
 from manytask.devices import CPU, on_device, resolve_device
 from manytask.engine.adversaries import Adversary
 from manytask.engine.resident import ResidentData, ResidentStates
-from manytask.execution.batched import train_batched
+from manytask.execution.batched import run_batched
 from manytask.execution.budget import batches, default_budget
 from manytask.execution.plan import Unbatchable
 from manytask.experiment import Experiment
@@ -83,7 +83,7 @@ class ClientRunner:
                 self._notice(f"the memory budget of {self.budget / 2**30:.1f} GB holds {len(groups[0])} of its "
                              f"{len(plans)} models at once, so they train in {len(groups)} batched computations",
                              "batches")
-            results = iter([result for group in groups for result in train_batched([plans[i] for i in group])])
+            results = iter([result for group in groups for result in run_batched([plans[i] for i in group])])
         except Unbatchable as why:
             self._notice(str(why))
             return {c: self.fit(c, round_index, payloads[c], states[c]) for c in clients}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -42,11 +43,12 @@ from manytask.execution.layout import (
 )
 from manytask.execution.losses import RowLoss
 from manytask.execution.norms import MaskedBatchNorm, NormContext, Statistics, masked_copy
-from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
+from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable, WorkPlan
 from manytask.execution.stacked import StackedFeatureTerm, StackedStateTerm, stacked_terms, updated_states
 from manytask.execution.steps import batched_optimizer, clip_per_client
 from manytask.models.decoders import Pyramid
 from manytask.models.multitask import BACKBONE_PREFIX, BUFFER_PREFIX
+from manytask.models.transformers_backbones import eager_attention
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # batched vs sequential trained parameters (float32)
 
@@ -108,6 +110,16 @@ def ieee_float32() -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+def run_batched(plans: Sequence[ClientPlan | WorkPlan]) -> list[PlanResult] | list[Any]:
+    """One batch of a round's plans as one computation: training plans by `train_batched`, a method's work plans by
+    their own `run` (the same for every plan of the batch)."""
+    if all(isinstance(plan, ClientPlan) for plan in plans):
+        return train_batched(plans)
+    if not all(isinstance(plan, WorkPlan) and plan.run == plans[0].run for plan in plans):
+        raise Unbatchable("clients of the round plan different kinds of work")
+    return plans[0].run([plan.inputs for plan in plans])
+
+
 def train_batched(plans: Sequence[ClientPlan], plain_chains: bool = True) -> list[PlanResult]:
     """Train every plan from its `start` as its `trainer.train` would, all in one batched computation. The plans
     share one template (it only gives the model's structure: its values of the trained parameters are never used,
@@ -124,7 +136,7 @@ def train_batched(plans: Sequence[ClientPlan], plain_chains: bool = True) -> lis
     dense = dense_round(trainer, list(dict.fromkeys(t for plan in plans for t in plan.data)))
     own_steps = [trainer.num_steps(plan.data) * plan.inner_steps for plan in plans]
     order = sorted(range(len(plans)), key=lambda c: -own_steps[c])  # most steps first: the active are a prefix
-    with ieee_float32():
+    with ieee_float32(), eager_attention(template):
         results = _train_ordered(template, trainer, [plans[c] for c in order], [own_steps[c] for c in order],
                                  round_index, total_rounds, plain_chains, dense)
     back = [0] * len(plans)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from manytask.client.trainer import shares_inputs
-from manytask.execution.plan import ClientPlan, Unbatchable
+from manytask.execution.plan import ClientPlan, Unbatchable, WorkPlan
 
 PARAMETER_COPIES = 6
 ACTIVATION_COPIES = 3
@@ -74,13 +74,13 @@ def client_bytes(plan: ClientPlan) -> int:
     return PARAMETER_COPIES * parameters + ACTIVATION_COPIES * batch * activations
 
 
-def batches(plans: Sequence[ClientPlan], budget: int) -> list[list[int]]:
+def batches(plans: Sequence[ClientPlan | WorkPlan], budget: int) -> list[list[int]]:
     """The plans' indices in consecutive batches whose estimated memory stays within `budget` bytes; `Unbatchable`
     when one client alone is over it."""
     groups: list[list[int]] = [[]]
     used = 0
     for index, plan in enumerate(plans):
-        need = client_bytes(plan)
+        need = plan.bytes if isinstance(plan, WorkPlan) else client_bytes(plan)
         if need > budget:
             raise Unbatchable(f"one client of a batched round needs about {need / 2**30:.1f} GB, over the memory "
                               f"budget of {budget / 2**30:.1f} GB")

@@ -2,13 +2,16 @@
 
 A `ClientPlan` says *what* a client trains (its data, its starting parameters and buffers, its seed, the loss terms
 its objective adds on the parameters); the executor decides *how*: one client after another, or a round's clients
-as one batched computation (`execution/batched.py`). A plan that the batched path cannot run raises `Unbatchable`
-with the reason, before anything changes, and the engine runs those clients one after another."""
+as one batched computation (`execution/batched.py`). A round that trains nothing but computes something per client
+(TaLoS's calibration) is a `WorkPlan`: the method gives the batched computation, the executor its batches. A plan
+that the batched path cannot run raises `Unbatchable` with the reason, before anything changes, and the engine runs
+those clients one after another."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -68,3 +71,14 @@ class PlanResult:
     state: dict[str, Tensor] = field(default_factory=dict)  # the plan's `update` applied, by parameter name
     term_states: list[Tensor] = field(default_factory=list)  # each of the plan's `state_terms`' state after training
     moved: list[dict[str, Tensor]] = field(default_factory=list)  # each `MovingParameterTerm`'s final operands
+
+
+@dataclass
+class WorkPlan:
+    """One client's part of a round that trains nothing (TaLoS's calibration): `inputs` for `run`, the method's
+    computation of every plan of a batch at once (a pure tensor function, one result per plan, in order), and the
+    estimated bytes it needs per client, by which the executor sizes the batches."""
+
+    run: Callable[[Sequence[Any]], list[Any]]
+    inputs: Any
+    bytes: int

@@ -23,7 +23,8 @@ names: attention `q_proj`/`k_proj`/`v_proj`/`o_proj`, MLP `fc1`/`fc2`).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -298,3 +299,19 @@ class SwinBackbone(_HFImageBackbone):
             pixel_values=self.prepare(x), output_hidden_states=True, output_hidden_states_before_downsampling=True
         )
         return list(out.reshaped_hidden_states[1:])  # [0] is the patch embedding, before any stage
+
+
+@contextmanager
+def eager_attention(model: nn.Module) -> Iterator[None]:
+    """Hugging Face models inside `model` switched to their plain (eager) attention, then back: the fused SDPA
+    kernels have no vmap batching rule, and vmap would fall back to a Python loop over the batch (TaLoS's
+    per-example gradients, the batched executor's clients)."""
+    switched = [(m, m.config._attn_implementation) for m in model.modules()
+                if hasattr(m, "set_attn_implementation") and m.config._attn_implementation != "eager"]
+    for module, _ in switched:
+        module.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        for module, previous in switched:
+            module.set_attn_implementation(previous)

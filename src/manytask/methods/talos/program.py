@@ -21,7 +21,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from manytask.errors import ManytaskError, clipped
-from manytask.execution.plan import ClientPlan, Unbatchable
+from manytask.execution.plan import ClientPlan, PlanResult, WorkPlan
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, Setup
 from manytask.methods.client_state import StatePart
@@ -30,9 +30,10 @@ from manytask.methods.common.template import ModelTemplate
 from manytask.methods.common.wire import counts_problem, fit_scalars
 from manytask.methods.hosts.base import HostClient, HostModel, HostParams, TrainedCopy
 from manytask.methods.hosts.server import HostServer
+from manytask.methods.talos.batched import Calibration, Settings, calibrate_many
 from manytask.methods.talos.calibration import calibration_batches
 from manytask.methods.talos.mask import Masks, calibrate_mask, pack_masks, scored_parameters, unpack_masks
-from manytask.models.multitask import MultiTaskModel, task_of_key
+from manytask.models.multitask import MultiTaskModel, merged_state, task_of_key
 from manytask.search_space import Space, uniform
 from manytask.seeding import derive_seed
 from manytask.tasks.task import TaskKind
@@ -128,11 +129,30 @@ class TalosClient(TalosModel, HostClient):
             return self.calibrate(ctx, payload)
         return super().fit(ctx, payload)
 
-    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan | list[ClientPlan]:
-        """A training phase's round as a plan: the heads, or the scored entries under the client's mask."""
+    def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan | list[ClientPlan] | WorkPlan:
+        """A training phase's round as a plan (the heads, or the scored entries under the client's mask); the
+        calibration round's as a `WorkPlan` that the executor runs for a batch of clients at once."""
         if self.phase(ctx).name == CALIBRATION:
-            raise Unbatchable("the calibration round scores masks and trains nothing")
+            calibration = self.calibration(ctx, payload)
+            return WorkPlan(calibrate_many, calibration, calibration.bytes())
         return self.host_plan(ctx, payload)
+
+    def calibration(self, ctx: ClientContext, payload: Message | None) -> Calibration:
+        """What `calibrate` computes, on the model it was sent, from stratified examples of the client's data."""
+        values = self.phase_values[False]
+        rounds, soft_zero, raw_logit = self.params.calibration()
+        settings = Settings(self.params.sparsity, rounds, soft_zero, self.params.ranking == "per-layer", raw_logit)
+        return Calibration(
+            values.model, merged_state(values.initial_values, self.received(ctx, payload)),
+            calibration_batches(ctx.data, self.params.calibration_examples, ctx.seed), tuple(self.scored),
+            {t: self.setup.specs[t].num_outputs for t in ctx.data}, settings, derive_seed(ctx.seed, "fisher"),
+        )
+
+    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan | list[ClientPlan] | WorkPlan,
+                 result: PlanResult | list[PlanResult] | Masks) -> Message:
+        if isinstance(plan, WorkPlan):
+            return self.calibration_reply(ctx, result)
+        return super().conclude(ctx, payload, plan, result)
 
     def schedule(self, ctx: ClientContext) -> tuple[int, int]:
         step = self.phase(ctx)
@@ -157,6 +177,13 @@ class TalosClient(TalosModel, HostClient):
         loaded = super().loaded_copy(ctx, copy, trained)
         self.train_only(loaded.model, self.heads_phase(ctx))
         return loaded
+
+    def split_upload(self, ctx: ClientContext, copy: TrainedCopy, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The head-only phase uploads the heads alone: the backbone and its buffers (BatchNorm's statistics) stay
+        pretrained, as the server sends them in that phase."""
+        if self.heads_phase(ctx):
+            state = {k: v for k, v in state.items() if task_of_key(k) is not None}
+        return super().split_upload(ctx, copy, state)
 
     @cached_property
     def phase_values(self) -> dict[bool, ModelTemplate]:
