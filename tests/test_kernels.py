@@ -26,7 +26,7 @@ def test_the_counter_counts_non_view_ops_and_host_syncs():
 
 def test_a_kernel_workload_with_a_plug_in_runs_the_plug_in():
     # a config-level `plugins` list plans a comparison, which one engine run ignores: the plug-in goes in the entry
-    for label, (method, plugins, federations) in KERNEL_METHODS.items():
+    for label, (method, plugins, federations, _) in KERNEL_METHODS.items():
         if plugins:
             experiment = Experiment.build(kernel_config(method, plugins, 4, federations[0]))
             assert experiment.label == f"{method['name']}+{plugins[0]['name']}", label
@@ -36,13 +36,13 @@ def test_a_kernel_workload_with_a_plug_in_runs_the_plug_in():
 @pytest.mark.parametrize(("host", "federation"), [
     ("fedavg", "multi-task"), ("moon", "multi-task"), ("feddyn", "multi-task"), ("fedbn", "dense"),
     ("fedavg+dea", "dense"), ("local", "personal"), ("fedu", "personal"), ("sfmtl-graph", "personal"),
-    ("pfedme", "personal")])
+    ("pfedme", "personal"), ("talos calibration", "one-task"), ("talos sparse", "multi-task")])
 def test_a_round_of_32_clients_dispatches_at_most_one_and_a_half_times_a_round_of_4(host, federation):
-    method, plugins, _ = KERNEL_METHODS[host]
-    few, many = (round_kernels(kernel_config(method, plugins, n, federation)) for n in (4, 32))
+    method, plugins, _, counted_round = KERNEL_METHODS[host]
+    few, many = (round_kernels(kernel_config(method, plugins, n, federation), counted_round) for n in (4, 32))
     assert many.ops <= 1.5 * few.ops, (few.ops, many.ops)
     assert many.syncs == few.syncs == 0  # no host sync at all: losses are read once a round, on the host
-    sequential = round_kernels(kernel_config(method, plugins, 4, federation, "sequential"))
+    sequential = round_kernels(kernel_config(method, plugins, 4, federation, "sequential"), counted_round)
     # one by one, each client's losses are read once, after its last step (`tolist`, no aten op); only the dense
     # losses' checks for a batch without labels (`any()`) remain, fewer than one a step
     assert sequential.syncs < 4 * 4
@@ -54,7 +54,7 @@ def test_a_round_of_32_clients_dispatches_at_most_one_and_a_half_times_a_round_o
 def test_matu_dispatches_about_as_many_kernels_for_32_clients_as_for_4_and_no_more_host_reads():
     """MaTU's unifications (the server's per task set, the clients' per number of held tasks) run batched, and the
     reads of rescalers and similarities are per round, not per client."""
-    method, plugins, _ = KERNEL_METHODS["matu"]
+    method, plugins, *_ = KERNEL_METHODS["matu"]
     few, many = (round_kernels(kernel_config(method, plugins, n, "multi-task")) for n in (4, 32))
     assert many.ops <= 1.5 * few.ops, (few.ops, many.ops)
     assert many.syncs == few.syncs, (few.syncs, many.syncs)

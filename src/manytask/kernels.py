@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -54,11 +54,18 @@ def counted(action: Callable[[], Any]) -> KernelCounter:
     return counter
 
 
-KernelMethod = tuple[dict[str, Any], list[dict[str, Any]] | None, tuple[str, ...]]  # entry, plug-ins, federations
+class KernelMethod(NamedTuple):
+    entry: dict[str, Any]
+    plugins: list[dict[str, Any]] | None
+    federations: tuple[str, ...]
+    counted_round: int = 1  # the round counted (0-based): a phase's, for phased methods
+
+
+TALOS = {"name": "talos", "head_rounds": 1}  # head-only, then its calibration round (1), then sparse rounds (2 on)
 HOST_FEDERATIONS = ("one-task", "multi-task", "dense")
 # the methods held to ≤ 1.5 kernels per round at 32 clients ÷ 4, each on the federations it runs on: the hosts
 # (issue 32), MaT-FL, and the methods that keep a model per client (issue 34) on one-task clients of one label space
-KERNEL_METHODS: dict[str, KernelMethod] = {
+KERNEL_METHODS: dict[str, KernelMethod] = {label: KernelMethod(*entry) for label, entry in {
     "fedavg": ({"name": "fedavg"}, None, HOST_FEDERATIONS),
     "fedprox+dea": ({"name": "fedprox"}, [{"name": "dea"}], HOST_FEDERATIONS),
     "feddyn": ({"name": "feddyn"}, None, HOST_FEDERATIONS),
@@ -74,7 +81,10 @@ KERNEL_METHODS: dict[str, KernelMethod] = {
     "fedu": ({"name": "fedu"}, None, ("personal",)),
     "sfmtl-graph": ({"name": "sfmtl-graph"}, None, ("personal",)),
     "pfedme": ({"name": "pfedme"}, None, ("personal",)),
-}
+    "talos calibration": (TALOS, None, ("one-task", "multi-task"), 1),
+    "talos sparse": (TALOS, None, ("one-task", "multi-task"), 2),
+    "talos-partition sparse": ({**TALOS, "name": "talos-partition"}, None, ("one-task",), 2),
+}.items()}
 DIGITS = {"benchmark": {"name": "digits-tasks", "tasks": ["digit", "parity", "rotated", "mod3"]},
           "model": {"backbone": "cnn", "channels": [8, 16], "hidden": 32, "norm": "batch"}}
 FEDERATIONS: dict[str, Callable[[int], dict[str, Any]]] = {  # the workload's parts, by the clients of a round
@@ -111,13 +121,14 @@ def kernel_config(method: dict[str, Any], plugins: list[dict[str, Any]] | None, 
     })
 
 
-def round_kernels(config: RunConfig) -> KernelCounter:
-    """The ops of one training round of `config`: a fresh 2-round run's minus a fresh 1-round run's (so the count
-    holds no set-up, no evaluation and no checkpoint read, only the second round's work)."""
+def round_kernels(config: RunConfig, counted_round: int = 1) -> KernelCounter:
+    """The ops of one training round of `config` (`counted_round`, 0-based, at least 1): a fresh run to its end
+    minus a fresh run to the round before (so the count holds no set-up, no evaluation and no checkpoint read, only
+    that round's work)."""
     from manytask.bench import engine_runner  # the bench imports this module
 
     counts = []
-    for rounds in (1, 2):
+    for rounds in (counted_round, counted_round + 1):
         with engine_runner(config) as run:
             counts.append(counted(lambda rounds=rounds: run(rounds)))
     one, two = counts
@@ -132,9 +143,10 @@ def kernel_table(clients: tuple[int, int] = (4, 32), execution: str = "auto",
     """Per method and federation: ops and host syncs of one round at each client count, and the ratio of ops."""
     torch.set_num_threads(1)
     rows = []
-    for label, (method, plugins, federations) in methods.items():
+    for label, (method, plugins, federations, counted_round) in methods.items():
         for federation in federations:
-            few, many = (round_kernels(kernel_config(method, plugins, n, federation, execution)) for n in clients)
+            few, many = (round_kernels(kernel_config(method, plugins, n, federation, execution), counted_round)
+                         for n in clients)
             rows.append({"host": label, "federation": federation, "clients": list(clients),
                          "ops": [few.ops, many.ops], "syncs": [few.syncs, many.syncs], "ratio": many.ops / few.ops})
     return rows

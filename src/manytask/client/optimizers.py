@@ -89,7 +89,7 @@ class SparseSGDM(torch.optim.Optimizer):
             if name in masks:
                 if masks[name].shape != param.shape:
                     raise ValueError(f"mask of '{name}' has shape {tuple(masks[name].shape)}, not {tuple(param.shape)}")
-                self.state[param]["mask"] = masks[name].to(torch.bool)
+                self.state[param]["mask"] = masks[name].to(device=param.device, dtype=torch.bool)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:

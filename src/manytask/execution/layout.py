@@ -116,7 +116,7 @@ class Round:
         outside = [n for n in names if n not in leaves or not self.per_client(n)]
         if outside:
             raise Unbatchable(f"a mask covers a parameter that is not trained per client ({outside[0]})")
-        return [torch.stack([m[n] for m in masks]).to(leaf.dtype) if n in names else None
+        return [torch.stack([m[n] for m in masks]).to(device=leaf.device, dtype=leaf.dtype) if n in names else None
                 for n, leaf in leaves.items()]
 
     def owners(self, leaves: Mapping[str, Tensor]) -> dict[str, Tensor | None]:

@@ -117,7 +117,7 @@ def _task_groups(plans: Sequence[Calibration]) -> list[TaskGroup]:
         heads = [n for n in plans[0].start if n.startswith(head_prefix(task))]
         buffers = [n for n, _ in plans[0].template.named_buffers()]
         values = {n: torch.stack([plans[c].start[n] for c, _ in members]) for n in [*heads, *buffers]}
-        draws = torch.ones(rounds, len(members), length, plans[0].classes[task])
+        draws = torch.ones(rounds, len(members), length, plans[members[0][0]].classes[task])
         groups[task] = TaskGroup(task, torch.tensor([c for c, _ in members], device=x0.device), x, weight, draws,
                                  values)
     place = {(task, c): p for task, members in pairs.items() for p, (c, _) in enumerate(members)}

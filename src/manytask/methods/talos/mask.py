@@ -208,11 +208,15 @@ def unflatten(flat: Tensor, like: Mapping[str, Tensor], rows: bool = False) -> d
 
 
 def pack_masks(masks: Mapping[str, Tensor]) -> Tensor:
-    """All masks as one bit per entry (uint8, in `masks` order): how a client keeps its mask between rounds."""
-    return torch.from_numpy(np.packbits(flatten(masks).numpy()))
+    """All masks as one bit per entry (uint8, in `masks` order): how a client keeps its mask between rounds. Packed
+    on the host in numpy (no op on the device)."""
+    return torch.from_numpy(np.packbits(np.concatenate([m.cpu().numpy().ravel() for m in masks.values()])))
 
 
 def unpack_masks(bits: Tensor, like: Mapping[str, Tensor]) -> Masks:
-    """Inverse of `pack_masks`, shaped like the tensors of `like` (same names, same order)."""
-    count = sum(t.numel() for t in like.values())
-    return unflatten(torch.from_numpy(np.unpackbits(bits.numpy(), count=count).astype(np.bool_)), like)
+    """Inverse of `pack_masks`, shaped like the tensors of `like` (same names, same order), on the host."""
+    sizes = [t.numel() for t in like.values()]
+    flat = np.unpackbits(bits.cpu().numpy(), count=sum(sizes)).astype(np.bool_)
+    pieces = np.split(flat, np.cumsum(sizes)[:-1])
+    return {name: torch.from_numpy(piece.reshape(t.shape)) for (name, t), piece in zip(like.items(), pieces,
+                                                                                       strict=True)}

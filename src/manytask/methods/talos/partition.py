@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -44,19 +45,30 @@ def partition(kept: Mapping[str, Tensor], parts: int, seed: int) -> list[Masks]:
     return owned
 
 
-def subset_values(delta: Mapping[str, Tensor], owned: Mapping[str, Tensor]) -> Tensor:
-    """The update's values on a client's subset, in the subset's (parameter, then row-major) order: its upload."""
-    return torch.cat([delta[name][mask] for name, mask in owned.items()])
+def subset_values(values: Mapping[str, Tensor], owned: Mapping[str, Tensor]) -> Tensor:
+    """The values on a client's subset, in the subset's (parameter, then row-major) order: of its update, its upload.
+    Taken on the host in numpy, where messages lie (no op on the device, no host sync per parameter)."""
+    return torch.from_numpy(np.concatenate([_host(values[name])[_host(mask)] for name, mask in owned.items()]))
+
+
+def subset_size(owned: Mapping[str, Tensor]) -> int:
+    """How many entries a client's subset holds."""
+    return int(sum(_host(mask).sum() for mask in owned.values()))
 
 
 def assemble(
     params: Mapping[str, Tensor], uploads: Mapping[int, Tensor], owned: Sequence[Mapping[str, Tensor]]
 ) -> dict[str, Tensor]:
     """θ + ∪_k δ_k: each client's uploaded values added at the entries of its subset; entries of clients that did
-    not upload stay as they were."""
-    out = {name: value.clone() for name, value in params.items()}
+    not upload stay as they were (on the host, in numpy)."""
+    out = {name: _host(value).copy() for name, value in params.items()}
     for client, values in uploads.items():
-        pieces = values.split([int(mask.sum()) for mask in owned[client].values()])
-        for (name, mask), piece in zip(owned[client].items(), pieces, strict=True):
+        masks = {name: _host(mask) for name, mask in owned[client].items()}
+        pieces = np.split(_host(values), np.cumsum([mask.sum() for mask in masks.values()])[:-1])
+        for (name, mask), piece in zip(masks.items(), pieces, strict=True):
             out[name][mask] += piece
-    return out
+    return {name: torch.from_numpy(value) for name, value in out.items()}
+
+
+def _host(tensor: Tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy()

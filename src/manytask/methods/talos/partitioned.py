@@ -23,7 +23,7 @@ from manytask.methods.common.wire import counts_problem, fit_scalars, mean_train
 from manytask.methods.hosts.base import TrainedCopy
 from manytask.methods.registry import SPARSE, register_method
 from manytask.methods.talos.mask import Masks
-from manytask.methods.talos.partition import assemble, partition, subset_values, vote_kept
+from manytask.methods.talos.partition import assemble, partition, subset_size, subset_values, vote_kept
 from manytask.methods.talos.program import (
     CALIBRATION,
     HEAD_ONLY,
@@ -53,12 +53,13 @@ class PartitionClient(TalosClient):
             raise ManytaskError(f"client {ctx.client_id}: the server sent no subset for {missing[0]}.")
         return {name: copy.received[OWNED_PREFIX + name].bool() for name in self.scored}
 
-    def upload(self, ctx: ClientContext, copy: TrainedCopy) -> dict[str, Tensor]:
+    def split_upload(self, ctx: ClientContext, copy: TrainedCopy, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """In the sparse phase, δ_k on the client's subset alone: trained minus received values, on the host."""
         if self.heads_phase(ctx):
-            return super().upload(ctx, copy)
-        params = dict(copy.model.named_parameters())
-        delta = {name: params[name].detach() - copy.received[name] for name in self.scored}
-        return {VALUES: subset_values(delta, self.trainable_mask(ctx, copy))}
+            return super().split_upload(ctx, copy, state)
+        owned = self.trainable_mask(ctx, copy)
+        trained, sent = subset_values(state, owned), subset_values(copy.received, owned)
+        return {VALUES: torch.from_numpy(trained.numpy() - sent.numpy())}
 
 
 class PartitionServer(TalosServer):
@@ -80,7 +81,7 @@ class PartitionServer(TalosServer):
         """In the sparse phase: exactly the client's subset of values, in the scored parameters' dtype."""
         if self.step.name in (HEAD_ONLY, CALIBRATION):
             return super().reply_problem(client, reply)
-        expected = sum(int(mask.sum()) for mask in self.subsets()[client].values())
+        expected = subset_size(self.subsets()[client])
         dtype = self.global_state[self.scored[0]].dtype
         if set(reply.arrays) != {VALUES}:
             return f"a sparse-phase reply carries '{VALUES}' and nothing else"

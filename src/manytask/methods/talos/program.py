@@ -229,7 +229,7 @@ class TalosClient(TalosModel, HostClient):
 
 
 def trainable_fractions(masks: Masks) -> dict[str, float]:
-    return {TRAINABLE_PREFIX + name: float(mask.float().mean()) for name, mask in masks.items()}
+    return {TRAINABLE_PREFIX + name: float(mask.cpu().numpy().mean()) for name, mask in masks.items()}
 
 
 def fractions_problem(reply: Message, scored: list[str]) -> str | None:
