@@ -25,6 +25,8 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 
 META_KEY = "manytask"
 DIGEST_KEY = "manytask-digest"
+LATE_WIDTH = 64  # characters of a metadata value written after the data: a SHA-256 in hex
 
 # Config fields that say where and how fast a run's clients train, not what they compute (the config documents the
 # numbers as independent of them): a run directory whose config.yaml was edited in these alone still resumes.
@@ -106,7 +109,11 @@ def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
         meta["run"] = checkpoint.run.to_json()
     text = json.dumps(meta)
     tmp = path.with_name(path.name + ".tmp")
-    write_safetensors(tmp, tensors, {META_KEY: text, DIGEST_KEY: _digest(tensors, text)})
+    # the digest is hashed on a second thread while this one writes the same bytes (both release the GIL), and
+    # goes into the header last; the file holds the same bytes as when it was hashed first
+    with ThreadPoolExecutor(1) as hasher:
+        digest = hasher.submit(_digest, tensors, text)
+        write_safetensors(tmp, tensors, {META_KEY: text}, {DIGEST_KEY: digest})
     os.replace(tmp, path)
 
 
@@ -116,15 +123,33 @@ SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16:
                       torch.uint8: "U8", torch.bool: "BOOL"}
 
 
-def write_safetensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+def write_safetensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str],
+                      late: Mapping[str, Future[str]] | None = None) -> None:
     """A safetensors file of packed CPU tensors, written from their memory (no copy, views of one stack included):
     the 8-byte header length, the JSON header (compact, keys sorted, padded with spaces to a multiple of 8), then
     the data, larger items first so every tensor lies at a multiple of its item size. The same tensors and metadata
-    always give the same bytes."""
+    always give the same bytes. `late` metadata values (each `LATE_WIDTH` characters: a digest) are awaited while
+    the data is written, and the header is then written again with them."""
     unknown = sorted({str(v.dtype) for v in tensors.values() if v.dtype not in SAFETENSORS_DTYPES})
     if unknown:
         raise TypeError(f"a checkpoint cannot store {unknown[0]} tensors")
     order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    late = late or {}
+    with path.open("wb") as handle:
+        handle.write(_header(tensors, order, {**metadata, **dict.fromkeys(late, "0" * LATE_WIDTH)}))
+        for key in order:
+            if tensors[key].numel():
+                handle.write(_raw_bytes(tensors[key]))
+        if late:
+            values = {key: future.result() for key, future in late.items()}
+            if any(len(value) != LATE_WIDTH for value in values.values()):
+                raise ValueError(f"late metadata must be {LATE_WIDTH} characters long")
+            handle.seek(0)
+            handle.write(_header(tensors, order, {**metadata, **values}))
+
+
+def _header(tensors: dict[str, Tensor], order: list[str], metadata: dict[str, str]) -> bytes:
+    """The header length and the header of a safetensors file of `tensors` in `order`."""
     header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
     offset = 0
     for key in order:
@@ -135,12 +160,7 @@ def write_safetensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str
         offset = end
     text = json.dumps(dict(sorted(header.items())), separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)
-    with path.open("wb") as handle:
-        handle.write(len(text).to_bytes(8, "little"))
-        handle.write(text)
-        for key in order:
-            if tensors[key].numel():
-                handle.write(_raw_bytes(tensors[key]))
+    return len(text).to_bytes(8, "little") + text
 
 
 def _packed(value: Tensor) -> Tensor:
