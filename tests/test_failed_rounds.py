@@ -14,7 +14,7 @@ from manytask.engine.client_runner import ClientRunner
 from manytask.engine.local import InProcessTransport
 from manytask.engine.loop import FitOutcome, RoundFailed, RoundLoop
 from manytask.experiment import Experiment
-from manytask.messages import decode, encode
+from manytask.messages import Message, as_message, encode
 from manytask.report import write_report
 from manytask.rundir import RunDir
 from tests.conftest import small_config_dict
@@ -30,10 +30,11 @@ class DivergingFrom:
         outcome = self.inner.fit(round_index, payloads, simulated_drops)
         if round_index >= self.first:
             for client, data in outcome.replies.items():
-                reply = decode(data)  # its arrays view `data`: replaced, not written into
-                name = next(k for k, a in reply.arrays.items() if a.dtype.kind == "f")
-                reply.arrays[name] = np.full_like(reply.arrays[name], np.nan)
-                outcome.replies[client] = encode(reply)
+                reply = as_message(data)  # the client's own message in-process: copied, never written into
+                arrays = dict(reply.arrays)
+                name = next(k for k, a in arrays.items() if a.dtype.kind == "f")
+                arrays[name] = np.full_like(arrays[name], np.nan)
+                outcome.replies[client] = encode(Message(arrays, dict(reply.scalars)))
         return outcome
 
     def __getattr__(self, name):

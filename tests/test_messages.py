@@ -155,3 +155,18 @@ def test_decoding_bytes_views_them_and_a_mutable_buffer_is_copied():
     buffer[:] = bytes(len(buffer))  # the sender reuses its buffer
     assert torch.equal(copied.tensors()["w"], torch.arange(6.0).view(2, 3))  # the message did not change with it
     assert copied.arrays["w"].flags.writeable and torch.equal(copied.tensors()["mask"], torch.tensor([1, 0, 1]) > 0)
+
+
+def test_a_messages_size_from_its_shapes_is_the_length_the_serializer_writes():
+    """`encoded_size` (the local engine's reply count) against `len(encode(m))`: every wire dtype, masks of every
+    length modulo 8 (packed bits), empty and 0-d arrays, and scalars of every kind, non-ASCII text included."""
+    from manytask.messages import encoded_size
+
+    rng = np.random.default_rng(0)
+    arrays = {f"mask/{n}": rng.random(n) < 0.5 for n in range(18)}
+    arrays.update({f"{dtype}/{shape}": rng.random(shape).astype(dtype) for dtype in
+                   ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8")
+                   for shape in ((), (0,), (3, 5), (2, 0, 4))})
+    scalars = {"n": 3, "loss/é": 0.12345678901234567, "flag": True, "name": "größe ✓", "big": 1e300, "neg": -7}
+    for message in (Message(), Message(arrays), Message(scalars=scalars), Message(arrays, scalars)):
+        assert encoded_size(message) == len(encode(message))

@@ -1,14 +1,17 @@
 """What a client or a server receives is only read: `decode` hands out read-only views into the received bytes
-instead of copies (messages.py), so a method that wrote into what it was sent would change those bytes. Every
+instead of copies (messages.py), so a method that wrote into what it was sent would change those bytes; in-process
+a server reads each client's reply message itself, whose arrays may be views of the client's tensors, so neither
+the server nor the client may change them afterwards. Every
 registered method that sends messages, and every plug-in over FedAvg, runs four rounds here with every decoded
 message's bytes checked against their digest after the run."""
 
 import hashlib
+from collections.abc import Callable
 
 import pytest
 
 from manytask.config import validate
-from manytask.messages import decode
+from manytask.messages import Message, as_message, decode, encode, encoded_size
 from manytask.methods.registry import METHODS, PLUGINS
 from manytask.run import run_config
 from tests.conftest import small_config_dict
@@ -31,18 +34,34 @@ OVERRIDES = {
 SILENT = {"centralized", "individual", "local"}  # they train without messages: nothing is received
 
 
+def _digest(message: Message) -> str:
+    """SHA-256 over a message's arrays' bytes, in order."""
+    sha = hashlib.sha256()
+    for array in message.arrays.values():
+        sha.update(array.tobytes())
+    return sha.hexdigest()
+
+
 @pytest.fixture
-def decoded(monkeypatch) -> list[tuple[bytes, str]]:
-    """Every (bytes, its digest when decoded) the local engine decodes, on either side."""
-    seen: list[tuple[bytes, str]] = []
+def decoded(monkeypatch) -> list[tuple[Callable[[], str], str]]:
+    """Every message the local engine hands a client (bytes, decoded) or the server (a client's reply message
+    itself, in-process): a way to digest it again, and its digest when received."""
+    seen: list[tuple[Callable[[], str], str]] = []
 
     def watching(data):
         if type(data) is bytes:
-            seen.append((data, hashlib.sha256(data).hexdigest()))
+            seen.append((lambda: hashlib.sha256(data).hexdigest(), hashlib.sha256(data).hexdigest()))
         return decode(data)
 
-    for module in ("manytask.engine.client_runner", "manytask.engine.screening"):
-        monkeypatch.setattr(f"{module}.decode", watching)
+    def watching_reply(sent):
+        if isinstance(sent, Message):  # the client's own arrays: the server only reads them, nobody changes them
+            seen.append((lambda: _digest(sent), _digest(sent)))
+            # counted without writing it out: exactly what the serializer writes (issue 34)
+            assert encoded_size(sent) == len(encode(sent))
+        return as_message(sent)
+
+    monkeypatch.setattr("manytask.engine.client_runner.decode", watching)
+    monkeypatch.setattr("manytask.engine.screening.as_message", watching_reply)
     return seen
 
 
@@ -57,7 +76,7 @@ def _run(tmp_path, method) -> None:
 
 def _unchanged(decoded) -> None:
     assert len(decoded) >= 8, len(decoded)  # payloads and replies of four rounds
-    changed = [i for i, (data, digest) in enumerate(decoded) if hashlib.sha256(data).hexdigest() != digest]
+    changed = [i for i, (again, digest) in enumerate(decoded) if again() != digest]
     assert not changed, f"{len(changed)} of {len(decoded)} received messages were written into"
 
 
@@ -70,4 +89,27 @@ def test_no_method_writes_into_what_it_received(tmp_path, decoded, method):
 @pytest.mark.parametrize("plugin", sorted(PLUGINS.names()))
 def test_no_plugin_writes_into_what_it_received(tmp_path, decoded, plugin):
     _run(tmp_path, {"name": "fedavg", "plugin": {"name": plugin}})
+    _unchanged(decoded)
+
+
+@pytest.mark.parametrize("rho", [0.05, 0.6])
+def test_both_sparse_codecs_are_counted_as_the_serializer_writes_them(tmp_path, decoded, rho):
+    """DEA's uploads at a small ρ (flat indices for the large arrays) and a large one (bitmaps): their in-process
+    byte counts are what `encode` writes (checked on every reply)."""
+    codecs = set()
+
+    def noting(sent):
+        codecs.update(k.rsplit("/", 1)[1] for k in as_message(sent).arrays if k.startswith("sparse/"))
+        return received(sent)
+
+    import manytask.engine.screening as screening
+
+    received = screening.as_message
+    screening.as_message = noting
+    try:
+        _run(tmp_path, {"name": "fedavg", "plugin": {"name": "dea", "rho": rho}})
+    finally:
+        screening.as_message = received
+    # per array, the cheaper: a large array's few kept entries as indices; at ρ 0.6 a bitmap always
+    assert ("index" in codecs) if rho < 0.1 else codecs == {"mask", "values"}, codecs
     _unchanged(decoded)

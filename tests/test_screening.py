@@ -14,7 +14,7 @@ from manytask.engine.loop import FitOutcome, RoundLoop
 from manytask.engine.screening import DIVERGED, _all_finite, common_problem, screen
 from manytask.experiment import Experiment
 from manytask.federation.federation import Federation
-from manytask.messages import Message, decode, encode
+from manytask.messages import Message, as_bytes, decode, encode
 from manytask.rundir import RunDir
 from tests.conftest import small_config_dict
 
@@ -84,7 +84,7 @@ class Poisoning:
                 del outcome.replies[self.client]
                 outcome.failures[self.client] = "dropped"
             else:
-                outcome.replies[self.client] = self.poison(outcome.replies[self.client])
+                outcome.replies[self.client] = self.poison(as_bytes(outcome.replies[self.client]))
         return outcome
 
     def __getattr__(self, name):

@@ -1,6 +1,8 @@
 """What crosses the wire: a `Message` of named arrays and scalars, and the ONE serializer for it.
 
-Both engines send exactly `encode(message)`; the byte counts reported as communication are `len(encode(m))`.
+Flower and the worker processes send exactly `encode(message)`; the byte counts reported as communication are
+`len(encode(m))`. In the local engine a client's reply goes to the server as the message itself, counted by
+`encoded_size` (the same number: tests/test_messages.py), so no reply is written out and read back.
 The format is a small self-describing binary layout, no pickle:
 
     b"MTK1" | uint32 little-endian header length | UTF-8 JSON header | array payloads, concatenated
@@ -130,9 +132,43 @@ def encode(message: Message) -> bytes:
         raw = np.packbits(array.reshape(-1)) if dtype == "bool" else array.reshape(-1).view(np.uint8)
         layout.append((name, dtype, array.shape, raw.nbytes))
         payloads.append(raw)
-    # `_HEADER.encode({"arrays": entries, "scalars": scalars})`, byte for byte, its arrays' part written once per layout
-    header = b"".join([_OPEN, _arrays_json(tuple(layout)), _JOIN[1:], _HEADER.encode(message.scalars).encode(), b"}"])
+    header = _header(tuple(layout), message.scalars)
     return b"".join([MAGIC, struct.pack("<I", len(header)), header, *payloads])
+
+
+def encoded_size(message: Message) -> int:
+    """`len(encode(message))` from the arrays' shapes and dtypes and the framing, without writing the bytes: what
+    a message costs where it does not cross a process (the local engine's replies)."""
+    layout = []
+    for name, array in message.arrays.items():
+        dtype = _dtype_name(array.dtype)
+        nbytes = (array.size + 7) // 8 if dtype == "bool" else array.nbytes
+        layout.append((name, dtype, array.shape, nbytes))
+    return len(MAGIC) + 4 + len(_header(tuple(layout), message.scalars)) + sum(entry[3] for entry in layout)
+
+
+def _header(layout: tuple[tuple[str, str, tuple[int, ...], int], ...], scalars: Mapping[str, Scalar]) -> bytes:
+    """`_HEADER.encode({"arrays": entries, "scalars": scalars})`, byte for byte, its arrays' part written once per
+    layout."""
+    return b"".join([_OPEN, _arrays_json(layout), _JOIN[1:], _HEADER.encode(scalars).encode(), b"}"])
+
+
+Sent = bytes | Message  # what crossed (bytes), or in-process the message itself, never written out
+
+
+def sent_size(sent: Sent) -> int:
+    """The bytes a sent message costs on the wire."""
+    return encoded_size(sent) if isinstance(sent, Message) else len(sent)
+
+
+def as_bytes(sent: Sent) -> bytes:
+    """A sent message as the bytes that cross a process or a wire."""
+    return encode(sent) if isinstance(sent, Message) else sent
+
+
+def as_message(sent: Sent) -> Message:
+    """A sent message as the receiver reads it: decoded (`MessageError` on malformed bytes), or itself."""
+    return sent if isinstance(sent, Message) else decode(sent)
 
 
 @lru_cache(maxsize=64)

@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from manytask.errors import ManytaskError
-from manytask.messages import Message, encode
+from manytask.messages import Message, Sent, encode
 from manytask.methods.common.updates import reference_key
 from manytask.methods.common.wire import SIZE_PREFIX
 from manytask.registry import Params
@@ -73,10 +73,10 @@ class Adversary:
     def __init__(self, config: AdversaryConfig, clients: frozenset[int], seed: int) -> None:
         self.config, self.clients, self.seed = config, clients, seed
 
-    def upload(self, client: int, round_index: int, payload: Message | None, reply: Message) -> bytes:
-        """The bytes `client` uploads for `reply` (honest clients: `encode(reply)`)."""
+    def upload(self, client: int, round_index: int, payload: Message | None, reply: Message) -> Sent:
+        """What `client` uploads for `reply`: the reply itself from an honest client, else the attack's bytes."""
         if client not in self.clients:
-            return encode(reply)
+            return reply
         rng = numpy_rng(self.seed, "attack", round_index, client)
         attack = self.config.attack
         if attack in ("garbage", "truncate"):

@@ -21,7 +21,7 @@ from manytask.execution.batched import run_batched
 from manytask.execution.budget import batches, default_budget
 from manytask.execution.plan import Unbatchable
 from manytask.experiment import Experiment
-from manytask.messages import Message, decode, encode
+from manytask.messages import Message, Sent, decode
 from manytask.methods.base import ClientContext, Metrics
 from manytask.methods.client_state import StateSchema
 from manytask.seeding import derive_seed, derive_seeds, seed_global_rng
@@ -47,8 +47,9 @@ class ClientRunner:
 
     def fit(
         self, client: int, round_index: int, payload: bytes | None, state: ClientState
-    ) -> tuple[bytes | None, float]:
-        """Train one client for one round; returns (serialized reply or None, compute seconds).
+    ) -> tuple[Sent | None, float]:
+        """Train one client for one round; returns (its reply or None, compute seconds): the reply message itself,
+        or the bytes a simulated adversary sends instead (`as_bytes` gives what crosses a process either way).
 
         `state` is edited in place; the caller keeps it until the client's next call."""
         seed = derive_seed(self.exp.config.seed, "client", round_index, client)
@@ -63,7 +64,7 @@ class ClientRunner:
     def fit_many(
         self, clients: list[int], round_index: int, payloads: Mapping[int, bytes | None],
         states: Mapping[int, ClientState],
-    ) -> dict[int, tuple[bytes | None, float]]:
+    ) -> dict[int, tuple[Sent | None, float]]:
         """`fit` of every client in `clients`: their plans run as batched computations of at most `vector_clients`
         where the program makes plans (each client is credited an equal share of its computation's seconds), else
         one after another with a one-line notice per reason."""
@@ -96,11 +97,11 @@ class ClientRunner:
         return {c: (self._upload(c, round_index, p, r), seconds)
                 for c, p, r in zip(clients, received, replies, strict=True)}
 
-    def _upload(self, client: int, round_index: int, payload: Message | None, reply: Message | None) -> bytes | None:
-        """What the client sends: its serialized reply, corrupted where it is a simulated adversary."""
-        if reply is None:
-            return None
-        return encode(reply) if self.adversary is None else self.adversary.upload(client, round_index, payload, reply)
+    def _upload(self, client: int, round_index: int, payload: Message | None, reply: Message | None) -> Sent | None:
+        """What the client sends: its reply, corrupted where it is a simulated adversary."""
+        if reply is None or self.adversary is None:
+            return reply
+        return self.adversary.upload(client, round_index, payload, reply)
 
     def _device(self, device: torch.device) -> torch.device:
         """`device` where the program can train there; the CPU, with a notice, where it cannot yet."""

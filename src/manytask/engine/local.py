@@ -1,7 +1,9 @@
 """The local engine: the in-process simulation. A round's clients run in this process, as batched computations where
-their methods make plans (`execution: auto`, the default; `execution/batched.py`) or one after another; every message is
-still serialized (so bytes are measured and programs cannot share memory), and client states are checkpointed
-with the server's, so a stopped run resumes exactly."""
+their methods make plans (`execution: auto`, the default; `execution/batched.py`) or one after another. Payloads are
+serialized (once per distinct payload; clients read them as views of the bytes); replies reach the server as the
+clients' messages themselves, counted by `encoded_size` (what the serializer would write), which nobody changes
+afterwards (tests/test_received_unchanged.py). Client states are checkpointed with the server's, so a stopped run
+resumes exactly."""
 
 from __future__ import annotations
 

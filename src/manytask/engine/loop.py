@@ -18,7 +18,7 @@ from manytask.engine.screening import DIVERGED, screen
 from manytask.errors import ManytaskError, clipped
 from manytask.experiment import Experiment
 from manytask.fairness import fairness
-from manytask.messages import Message, encode
+from manytask.messages import Message, Sent, encode, sent_size
 from manytask.methods.base import Metrics
 from manytask.rundir import RunDir
 from manytask.summary import average_main_metric, build_summary
@@ -31,7 +31,7 @@ Payloads = dict[int, bytes | None]
 class FitOutcome:
     """What came back from one round of fitting."""
 
-    replies: dict[int, bytes | None] = field(default_factory=dict)  # client -> reply (None: replied, sent nothing)
+    replies: dict[int, Sent | None] = field(default_factory=dict)  # client -> reply (None: replied, sent nothing)
     seconds: dict[int, float] = field(default_factory=dict)  # client -> compute seconds
     failures: dict[int, str] = field(default_factory=dict)  # client -> why it did not reply
 
@@ -76,8 +76,8 @@ def _serialize(messages: Mapping[int, Message | None]) -> Payloads:
     return payloads
 
 
-def _sizes(payloads: Mapping[int, bytes | None]) -> dict[str, int]:
-    return {str(c): len(p or b"") for c, p in payloads.items()}
+def _sizes(payloads: Mapping[int, Sent | None]) -> dict[str, int]:
+    return {str(c): 0 if p is None else sent_size(p) for c, p in payloads.items()}
 
 
 class RoundFailed(ManytaskError):

@@ -25,7 +25,7 @@ from manytask.engine.client_runner import ClientRunner, ClientState
 from manytask.engine.heap import retain_freed_memory
 from manytask.engine.loop import FitOutcome, Payloads, RoundLoop, RoundObserver
 from manytask.experiment import Experiment
-from manytask.messages import Message, decode, encode
+from manytask.messages import Message, as_bytes, decode, encode
 from manytask.methods.base import Metrics
 from manytask.rundir import RunDir
 
@@ -54,7 +54,7 @@ def unpack_state(data: bytes) -> ClientState:
 def _fit(client: int, round_index: int, payload: bytes | None, state: bytes) -> tuple[bytes | None, float, bytes]:
     held = unpack_state(state)
     reply, seconds = _worker().fit(client, round_index, payload, held)
-    return reply, seconds, pack_state(held)
+    return None if reply is None else as_bytes(reply), seconds, pack_state(held)
 
 
 def _fit_many(clients: list[int], round_index: int, payloads: dict[int, bytes | None], states: dict[int, bytes]
@@ -62,7 +62,8 @@ def _fit_many(clients: list[int], round_index: int, payloads: dict[int, bytes | 
     """A worker's share of a batched round (`ClientRunner.fit_many`)."""
     held = {c: unpack_state(states[c]) for c in clients}
     results = _worker().fit_many(clients, round_index, payloads, held)
-    return {c: (reply, seconds, pack_state(held[c])) for c, (reply, seconds) in results.items()}
+    return {c: (None if reply is None else as_bytes(reply), seconds, pack_state(held[c]))
+            for c, (reply, seconds) in results.items()}
 
 
 def shares(clients: list[int], work: dict[int, int], count: int) -> list[list[int]]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from manytask.errors import clipped
 from manytask.federation.federation import Federation
-from manytask.messages import Message, MessageError, decode
+from manytask.messages import Message, MessageError, Sent, as_message
 from manytask.methods.base import ServerProgram
 from manytask.methods.common.wire import LOSS_PREFIX, SIZE_PREFIX
 
@@ -24,7 +24,7 @@ DIVERGED = "reply has non-finite values (diverged training)"
 
 
 def screen(
-    received: Mapping[int, bytes | None], server: ServerProgram, federation: Federation
+    received: Mapping[int, Sent | None], server: ServerProgram, federation: Federation
 ) -> tuple[dict[int, Message | None], dict[int, str]]:
     """(the decoded replies that pass, the reasons of those that do not), by client."""
     accepted: dict[int, Message | None] = {}
@@ -35,7 +35,7 @@ def screen(
                 accepted[client] = None
                 continue
             try:
-                reply = decode(data)
+                reply = as_message(data)
             except MessageError as err:
                 rejected[client] = f"reply does not decode: {err}"
                 continue

@@ -27,7 +27,7 @@ from manytask.engine.flower.records import (
 )
 from manytask.experiment import Experiment
 from manytask.messages import Message as WireMessage
-from manytask.messages import decode, encode
+from manytask.messages import as_bytes, decode, encode
 
 CONFIG_RECORD = "manytask.config"
 SIMULATED_DROPOUT = 1001  # error code of a reply from a client told to fail (config `dropout`)
@@ -61,7 +61,7 @@ def train(msg: Message, context: Context) -> Message:
     state = _load_state(context)
     reply, seconds = runner.fit(client, int(control["round"]), data_of(msg.content), state)
     _save_state(context, state)
-    return Message(request(reply, {"seconds": seconds}), reply_to=msg)
+    return Message(request(None if reply is None else as_bytes(reply), {"seconds": seconds}), reply_to=msg)
 
 
 @app.evaluate()
