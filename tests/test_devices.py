@@ -94,6 +94,25 @@ def test_personal_methods_on_cuda_give_the_cpu_numbers_within_float_tolerance(tm
             assert gpu[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-3), (label, task)
 
 
+TALOS = {**PERSONAL, "name": "devices-talos", "rounds": 5,
+         "method": [{"name": n, "head_rounds": 2, "calibration_rounds": 3, "calibration_examples": 20}
+                    for n in ("talos", "talos-partition")],
+         "benchmark": {"name": "digits-tasks", "tasks": ["digit", "parity"]},
+         "federation": {"num_clients": 8, "tasks": {"kind": "dirichlet", "zeta": 0.5}, "samples": {"kind": "iid"}},
+         "model": {"backbone": "cnn", "channels": [8, 16], "hidden": 32, "norm": "batch"}}
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_talos_on_cuda_gives_the_cpu_numbers_within_float_tolerance(tmp_path):
+    """Head-only, calibration (batched Fisher scores, labels drawn from CPU generators) and sparse rounds on the
+    GPU give the CPU's numbers."""
+    cpu = run_config(validate({**TALOS, "device": "cpu"}), tmp_path / "cpu")
+    gpu = run_config(validate({**TALOS, "device": "cuda"}), tmp_path / "gpu")
+    for label, summary in cpu.items():
+        for task, metrics in summary["tasks"].items():
+            assert gpu[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-3), (label, task)
+
+
 
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
 def test_flower_client_gpus_without_a_gpu_is_refused_before_ray_starts(tmp_path):

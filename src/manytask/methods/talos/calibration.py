@@ -16,7 +16,7 @@ from manytask.seeding import numpy_rng
 def stratified_examples(y: Tensor, count: int, seed: int) -> Tensor:
     """Indices of min(count, len(y)) examples whose class counts follow y's (largest remainders), drawn without
     replacement within each class; sorted, deterministic in `seed`."""
-    labels = y.numpy()
+    labels = y.cpu().numpy()
     classes, sizes = np.unique(labels, return_counts=True)
     wanted = apportion(min(count, len(labels)), sizes)
     rng = numpy_rng(seed, "calibration")
@@ -27,4 +27,4 @@ def stratified_examples(y: Tensor, count: int, seed: int) -> Tensor:
 
 def calibration_batches(data: TaskData, count: int, seed: int) -> list[tuple[str, Tensor]]:
     """(task, inputs) per held task: `count` stratified examples of each."""
-    return [(task, x[stratified_examples(y, count, seed)]) for task, (x, y) in data.items()]
+    return [(task, x[stratified_examples(y, count, seed).to(x.device)]) for task, (x, y) in data.items()]

@@ -114,7 +114,8 @@ def check_classification(setup: Setup) -> None:
 
 
 class TalosClient(TalosModel, HostClient):
-    supports_device = False  # its masks and calibration state have not run on a GPU yet
+    # masks are packed, unpacked and cut into subsets on the host (numpy), label draws come from CPU generators:
+    # tests/test_devices.py compares a GPU run with the CPU's (not yet run on a GPU)
 
     def __init__(self, setup: Setup, params: TalosParams) -> None:
         super().__init__(setup, params)
