@@ -75,11 +75,13 @@ def test_each_kinds_row_loss_is_its_loss_on_the_real_samples(spec):
     assert expected_grad[:, real:].abs().sum() == 0 and got_grad.abs().sum() > 0
 
 
-ENCODERS = {
-    "cnn-bn": ("cnn", {"channels": [4, 6], "norm": "batch"}),
-    "resnet-bn": ("resnet18", {"width": 4, "norm": "batch"}),
+ENCODERS = {  # (backbone, its params, the decoders' BatchNorm)
+    "cnn-bn": ("cnn", {"channels": [4, 6], "norm": "batch"}, "none"),
+    "resnet-bn": ("resnet18", {"width": 4, "norm": "batch"}, "none"),
+    "cnn-bn-decoders-bn": ("cnn", {"channels": [4, 6], "norm": "batch"}, "batch"),  # FedDEA's Swin config's
 }
-FIRST_LAYER = {"cnn-bn": "backbone.features.0.weight", "resnet-bn": "backbone.conv1.weight"}
+FIRST_LAYER = {"cnn-bn": "backbone.features.0.weight", "resnet-bn": "backbone.conv1.weight",
+               "cnn-bn-decoders-bn": "backbone.features.0.weight"}
 # (seed, tasks and sizes, tasks label the same inputs): one task each, several tasks on shared or on own images,
 # different step counts and last batches. A last batch of one sample (normalized with the running statistics where the
 # ResNet's deepest maps are 1×1) only in one-task clients: see `MaskedBatchNorm`.
@@ -90,8 +92,8 @@ CLIENTS = [
 
 
 def _model(kind: str, specs: dict[str, TaskSpec], dtype: torch.dtype = torch.float32):
-    backbone, params = ENCODERS[kind]
-    return build_model(backbone, params, (3, SIZE, SIZE), specs, seed=3, decoder={"width": 5}).to(dtype)
+    backbone, params, norm = ENCODERS[kind]
+    return build_model(backbone, params, (3, SIZE, SIZE), specs, seed=3, decoder={"width": 5, "norm": norm}).to(dtype)
 
 
 def _data(seed: int, sizes: dict[str, int], shared: bool, dtype: torch.dtype = torch.float32):
@@ -118,7 +120,9 @@ ADAMW = {"optimizer": "adamw", "lr": 0.005, "weight_decay": 0.01, "local_steps":
     # maps: sequential float32 training itself is 2e-3 off float64 here. So the two paths are compared in float64.
     ("resnet-bn", ADAMW, torch.float64, SPECS),
     ("cnn-bn", SGD, torch.float32, RELEASED),
-], ids=["cnn-sgd-clip", "cnn-adamw", "resnet-sgd-clip", "resnet-adamw-float64", "cnn-sgd-released-losses"])
+    ("cnn-bn-decoders-bn", SGD, torch.float32, SPECS),  # each (client, task) pair's decoder statistics its own
+], ids=["cnn-sgd-clip", "cnn-adamw", "resnet-sgd-clip", "resnet-adamw-float64", "cnn-sgd-released-losses",
+        "cnn-sgd-decoders-bn"])
 def test_a_dense_round_batched_gives_each_client_its_sequential_result(encoder, train, dtype, specs):
     trainer = Trainer(TrainConfig(**{"lr": 0.05, "batch_size": 4, **train}), specs)
     template, model = _model(encoder, specs, dtype), _model(encoder, specs, dtype)

@@ -110,6 +110,7 @@ def test_the_bare_round_takes_its_epochs_and_clips_its_gradients():
     import torch
 
     from manytask.bench import bare_round
+    from manytask.tasks.task import TaskKind, TaskSpec
 
     steps = []
 
@@ -125,7 +126,9 @@ def test_the_bare_round_takes_its_epochs_and_clips_its_gradients():
     state = {k: v.clone() for k, v in model.state_dict().items()}
     data = {0: {"t": (torch.randn(10, 3) * 100, torch.randint(2, (10,)))}}
     sgd = lambda params, lr, momentum, wd: Counted(params, lr=lr)  # noqa: E731
-    after = bare_round(model, state, data, batch_size=4, lr=1.0, momentum=0.0, seed=0, sgd=sgd, epochs=2, clip=1e-3)
+    specs = {"t": TaskSpec("t", TaskKind.CLASSIFICATION, 2)}
+    after = bare_round(model, state, data, specs, batch_size=4, lr=1.0, momentum=0.0, seed=0, sgd=sgd, epochs=2,
+                       clip=1e-3)
     assert len(steps) == 2 * 3  # ceil(10 / 4) steps an epoch
     moved = torch.cat([(after[k] - state[k]).flatten() for k in state]).norm()
     assert 0 < moved <= 6 * 1e-3 + 1e-6  # each step moves at most lr × clip

@@ -37,6 +37,7 @@ from manytask.experiment import Experiment
 from manytask.kernels import kernel_table
 from manytask.rundir import RunDir
 from manytask.seeding import derive_seed
+from manytask.tasks.task import TaskSpec
 
 Sgd = Callable[[list[torch.nn.Parameter], float, float, float], Any]  # (params, lr, momentum, weight decay)
 
@@ -150,19 +151,19 @@ def bare_rounds(experiment: Experiment, data: dict[int, TaskData], name: str, sg
     def run(count: int) -> None:
         nonlocal state
         for _ in range(count):
-            state = bare_round(model, state, data, train.batch_size, train.lr, train.momentum,
-                               derive_seed(0, name, done[0]), sgd, epochs, clip)
+            state = bare_round(model, state, data, experiment.setup.specs, train.batch_size, train.lr,
+                               train.momentum, derive_seed(0, name, done[0]), sgd, epochs, clip)
             done[0] += 1
 
     return run
 
 
-def bare_round(model: torch.nn.Module, state: dict[str, torch.Tensor], data: dict[int, TaskData], batch_size: int,
-               lr: float, momentum: float, seed: int, sgd: Sgd = torch_sgd, epochs: int = 1,
-               clip: float | None = None) -> dict[str, torch.Tensor]:
+def bare_round(model: torch.nn.Module, state: dict[str, torch.Tensor], data: dict[int, TaskData],
+               specs: Mapping[str, TaskSpec], batch_size: int, lr: float, momentum: float, seed: int,
+               sgd: Sgd = torch_sgd, epochs: int = 1, clip: float | None = None) -> dict[str, torch.Tensor]:
     """One FedAvg round in plain PyTorch: every client loads the global state, trains `epochs` epochs (of its
-    largest task; gradients clipped to norm `clip`), and its shared weights and its tasks' heads are averaged,
-    weighted by sample counts."""
+    largest task, each task with its spec's loss; gradients clipped to norm `clip`), and its shared weights and its
+    tasks' heads are averaged, weighted by sample counts."""
     sums: dict[str, torch.Tensor] = {}
     weights: dict[str, float] = {}
     for client, tasks in data.items():
@@ -173,8 +174,7 @@ def bare_round(model: torch.nn.Module, state: dict[str, torch.Tensor], data: dic
         streams = {t: shuffled_batches(x, y, batch_size, seed + client, t) for t, (x, y) in tasks.items()}
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
-            loss = sum(torch.nn.functional.cross_entropy(model(x, t), y) for t, (x, y) in
-                       ((t, next(s)) for t, s in streams.items()))
+            loss = sum(specs[t].loss(model(x, t), y) for t, (x, y) in ((t, next(s)) for t, s in streams.items()))
             loss.backward()
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(params, clip)

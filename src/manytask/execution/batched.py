@@ -47,7 +47,7 @@ from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable, WorkPla
 from manytask.execution.stacked import StackedFeatureTerm, StackedStateTerm, stacked_terms, updated_states
 from manytask.execution.steps import batched_optimizer, clip_per_client
 from manytask.models.decoders import Pyramid
-from manytask.models.multitask import BACKBONE_PREFIX, BUFFER_PREFIX
+from manytask.models.multitask import BACKBONE_PREFIX, BUFFER_PREFIX, HEAD_PREFIX, head_prefix, task_of_key
 from manytask.models.transformers_backbones import eager_attention
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # batched vs sequential trained parameters (float32)
@@ -66,9 +66,9 @@ def check_model(model: nn.Module) -> None:
         raise Unbatchable(f"{type(model).__name__} is not a backbone with heads")
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         raise Unbatchable("the model uses dropout, whose random masks follow one client's generator")
-    outside = [n for n, _ in model.named_buffers() if not n.startswith(BACKBONE_PREFIX)]
+    outside = [n for n, _ in model.named_buffers() if not n.startswith((BACKBONE_PREFIX, HEAD_PREFIX))]
     if outside:
-        raise Unbatchable(f"buffers outside the backbone ({outside[0]})")
+        raise Unbatchable(f"buffers outside the backbone and the heads ({outside[0]})")
 
 
 def _fold_statistics(running: dict[str, Tensor], stats: Mapping[str, tuple[Tensor, Tensor, Tensor]],
@@ -160,9 +160,13 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
     batches, local = padded_batches(round_, steps, inputs)
     targets = [group_targets(round_, group, local) for group in round_.groups]
     running = {n: torch.stack([plan.start[n] for plan in plans]) for n in round_.buffer_names}
-    context = NormContext()
+    head_running = round_.head_buffers()
+    context, head_context = NormContext(), NormContext()
     backbone = masked_copy(template.backbone, context)
     momenta = {m.name: m.momentum for m in backbone.modules() if isinstance(m, MaskedBatchNorm)}
+    # a head with BatchNorm (a decoder's) runs as a masked copy: each pair normalized over its real samples
+    heads = [masked_copy(template.heads[g.task], head_context) if any(True for _ in template.heads[g.task].buffers())
+             else template.heads[g.task] for g in round_.groups]
     whole = all(p.requires_grad for p in template.backbone.parameters())  # frozen weights: not per row, so vmap
     chain = chain_forward(template.backbone) if plain_chains and whole and not dense else None
     passed = Pyramid(backbone) if dense else backbone  # a dense round's pass gives the feature pyramid
@@ -194,19 +198,23 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
             raw_features = passes[-1].mean(dim=(-2, -1)) if dense else passes
             head_inputs = passes if dense else template.head_input(passes)
             size = tuple(x.shape[-2:]) if dense else None
-            losses = []
+            losses, head_stats = [], []
             for g, (group, (y, y_index)) in enumerate(zip(round_.groups, targets, strict=True)):
                 count, positions = layout.pairs[g], layout.positions[g]
                 if not count:
                     continue
-                head = template.heads[group.task]
+                head = heads[g]
                 params = {s: live[k] if (k := group.key(g, s)) in live else frozen[k][:count]
                           for s, _ in head.named_parameters()}
+                buffers = {s: head_running[group.key(g, s)][:count] for s, _ in head.named_buffers()}
                 pair_inputs = head_inputs if positions is None else _rows(head_inputs, positions)
                 row_weight = weight if positions is None else weight.index_select(0, positions)
                 pair_index = y_index[step][:count]
                 row_y = y.index_select(0, pair_index.flatten()).view(*pair_index.shape, *y.shape[1:])
-                losses.append(vmap(_head_loss(head, group.row_loss, size))(params, pair_inputs, row_y, row_weight))
+                pair_losses, stats_of_pairs = vmap(_head_loss(head, group.row_loss, size, head_context))(
+                    params, buffers, pair_inputs, row_y, row_weight)
+                losses.append(pair_losses)
+                head_stats.append((g, count, stats_of_pairs))
                 labels = row_y  # one group when there are state terms: the labels of the rows, in row order
             step_losses = losses[0] if len(losses) == 1 else torch.cat(losses)
             loss = step_losses.sum()
@@ -224,6 +232,8 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                                                                         extra_grads[n])
                      for n, grad in zip(names, grads[:len(names)], strict=True)]
             _fold_statistics(running, stats, momenta, layout)
+            for g, count, stats_of_pairs in head_stats:
+                _fold_head_statistics(head_running, round_.groups[g].key(g, ""), stats_of_pairs, heads[g], count)
             if config.grad_clip is not None:
                 grads = clip_per_client(grads, [None if owners[n] is None else owners[n][:sizes[n]] for n in names],
                                         layout.clients, config.grad_clip)
@@ -231,7 +241,7 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
             for term in terms:
                 term.move(step, leaves, sizes)
         recorded.append((step_losses.detach(), layout.pair_index))
-    return _results(round_, leaves, running, steps, recorded, updated_states(round_, leaves),
+    return _results(round_, leaves, {**running, **head_running}, steps, recorded, updated_states(round_, leaves),
                     [term.final() for term in state_terms], [term.final(round_) for term in terms if term.moves])
 
 
@@ -271,14 +281,30 @@ def _rows(passes: Tensor | list[Tensor], positions: Tensor) -> Tensor | list[Ten
     return [level.index_select(0, positions) for level in passes]
 
 
-def _head_loss(head: nn.Module, row_loss: RowLoss, size: tuple[int, ...] | None):
-    """One pair's loss: its head on its row's features (a vector head), or on its row's pyramid decoded at the
-    input's `size` (a dense decoder)."""
-    def loss(params: dict[str, Tensor], inputs: Tensor | list[Tensor], y: Tensor, weight: Tensor) -> Tensor:
+def _head_loss(head: nn.Module, row_loss: RowLoss, size: tuple[int, ...] | None, context: NormContext):
+    """One pair's loss and its head's BatchNorm statistics: its head (with the pair's own buffers) on its row's
+    features (a vector head), or on its row's pyramid decoded at the input's `size` (a dense decoder)."""
+    def loss(params: dict[str, Tensor], buffers: dict[str, Tensor], inputs: Tensor | list[Tensor], y: Tensor,
+             weight: Tensor) -> tuple[Tensor, dict[str, Statistics]]:
+        context.mask, context.stats = (weight > 0).to(weight.dtype), {}
         arguments = (inputs,) if size is None else (inputs, size)
-        return row_loss(functional_call(head, params, arguments), y, weight)
+        return row_loss(functional_call(head, (params, buffers), arguments), y, weight), dict(context.stats)
 
     return loss
+
+
+def _fold_head_statistics(running: dict[str, Tensor], prefix: str, stats: Mapping[str, Statistics], head: nn.Module,
+                          count: int) -> None:
+    """The running statistics of a head group's active pairs (its first `count`, each its own BatchNorm) after a
+    step: mean ← mean + m·moved·(batch mean − mean), the same for the variance (unbiased), the counter + moved."""
+    momenta = {m.name: m.momentum for m in head.modules() if isinstance(m, MaskedBatchNorm)}
+    for layer, (mean, variance, moved) in stats.items():
+        m = momenta[layer]
+        for buffer, value in ((f"{layer}.running_mean", mean), (f"{layer}.running_var", variance)):
+            current = running[prefix + buffer][:count]
+            current.copy_(current + (m * moved.view(-1, *([1] * (current.dim() - 1)))) * (value - current))
+        counter = running[prefix + f"{layer}.num_batches_tracked"][:count]
+        counter.add_(moved.to(counter.dtype))
 
 
 def _results(round_: Round, leaves: Mapping[str, Tensor], running: Mapping[str, Tensor], steps: list[int],
@@ -307,6 +333,14 @@ def _results(round_: Round, leaves: Mapping[str, Tensor], running: Mapping[str, 
         params.update({name: plan.start[name] for name in round_.frozen_names if name in plan.start})
         for name in round_.buffer_names:
             params[BUFFER_PREFIX + name] = buffers[name][c]
+        for name in round_.head_buffer_names:  # those of the heads it trains from their pairs' rows, the rest as sent
+            task = task_of_key(name)
+            if task in plan.data:
+                index, position = round_.pair_places[c, task]
+                params[BUFFER_PREFIX + name] = buffers[round_.groups[index].key(index, name[len(head_prefix(task)):])][
+                    position]
+            elif name in plan.start:
+                params[BUFFER_PREFIX + name] = plan.start[name]
         losses = {t: pair_losses[c, t] / max(steps[c], 1) for t in plan.data}
         results.append(PlanResult(params, TrainReport(steps[c], losses), states[c], [t[c] for t in term_states],
                                   [m[c] for m in moved]))

@@ -55,9 +55,11 @@ class Round:
         self.names = [n for n, p in named.parameters if p.requires_grad]
         # heads a phase keeps frozen under a trained backbone: each pair's own values, stacked, but never moved
         self.frozen_names = [n for n, p in named.parameters if not p.requires_grad and task_of_key(n) is not None]
-        self.buffer_names = [n for n, _ in named.buffers]
+        # the backbone's buffers, per client; the heads' (a decoder's BatchNorm) are stacked per pair (`head_buffers`)
+        self.buffer_names = [n for n, _ in named.buffers if task_of_key(n) is None]
+        self.head_buffer_names = [n for n, _ in named.buffers if task_of_key(n) is not None]
         for plan in plans:
-            held = [n for n in self.frozen_names if task_of_key(n) in plan.data]
+            held = [n for n in [*self.frozen_names, *self.head_buffer_names] if task_of_key(n) in plan.data]
             missing = [n for n in [*self.names, *self.buffer_names, *held] if n not in plan.start]
             if missing:
                 raise Unbatchable(f"a client's plan has no start for {missing[0]}")
@@ -103,6 +105,15 @@ class Round:
                     leaves[group.key(index, suffix)] = torch.stack(
                         [starts[c][head_prefix(t) + suffix] for c, t, _ in group.pairs])
         return leaves
+
+    def head_buffers(self) -> dict[str, Tensor]:
+        """Every head group's buffers (its decoders' BatchNorm statistics), stacked over its pairs, by group key."""
+        stacks = {}
+        for index, group in enumerate(self.groups):
+            for suffix, _ in self.template.heads[group.task].named_buffers():
+                stacks[group.key(index, suffix)] = torch.stack(
+                    [self.plans[c].start[head_prefix(t) + suffix] for c, t, _ in group.pairs])
+        return stacks
 
     def masks(self, leaves: Mapping[str, Tensor]) -> list[Tensor | None] | None:
         """Per leaf (in `leaves`' order), every client's `masks` stacked in the leaf's dtype (None: the leaf moves
