@@ -211,7 +211,9 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                 row_weight = weight if positions is None else weight.index_select(0, positions)
                 pair_index = y_index[step][:count]
                 row_y = y.index_select(0, pair_index.flatten()).view(*pair_index.shape, *y.shape[1:])
-                pair_losses, stats_of_pairs = vmap(_head_loss(head, group.row_loss, size, head_context))(
+                normed = head is not template.heads[group.task]  # a masked copy: the head has BatchNorm
+                pair_losses, stats_of_pairs = vmap(_head_loss(head, group.row_loss, size,
+                                                              head_context if normed else None))(
                     params, buffers, pair_inputs, row_y, row_weight)
                 losses.append(pair_losses)
                 head_stats.append((g, count, stats_of_pairs))
@@ -281,14 +283,17 @@ def _rows(passes: Tensor | list[Tensor], positions: Tensor) -> Tensor | list[Ten
     return [level.index_select(0, positions) for level in passes]
 
 
-def _head_loss(head: nn.Module, row_loss: RowLoss, size: tuple[int, ...] | None, context: NormContext):
-    """One pair's loss and its head's BatchNorm statistics: its head (with the pair's own buffers) on its row's
-    features (a vector head), or on its row's pyramid decoded at the input's `size` (a dense decoder)."""
+def _head_loss(head: nn.Module, row_loss: RowLoss, size: tuple[int, ...] | None, context: NormContext | None):
+    """One pair's loss and its head's BatchNorm statistics (a head with BatchNorm reads its row's sample mask from
+    `context`): its head (with the pair's own buffers) on its row's features (a vector head), or on its row's
+    pyramid decoded at the input's `size` (a dense decoder)."""
     def loss(params: dict[str, Tensor], buffers: dict[str, Tensor], inputs: Tensor | list[Tensor], y: Tensor,
              weight: Tensor) -> tuple[Tensor, dict[str, Statistics]]:
-        context.mask, context.stats = (weight > 0).to(weight.dtype), {}
+        if context is not None:
+            context.mask, context.stats = (weight > 0).to(weight.dtype), {}
         arguments = (inputs,) if size is None else (inputs, size)
-        return row_loss(functional_call(head, (params, buffers), arguments), y, weight), dict(context.stats)
+        loss = row_loss(functional_call(head, (params, buffers), arguments), y, weight)
+        return loss, {} if context is None else dict(context.stats)
 
     return loss
 
