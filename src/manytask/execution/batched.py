@@ -292,8 +292,8 @@ def _head_loss(head: nn.Module, row_loss: RowLoss, size: tuple[int, ...] | None,
         if context is not None:
             context.mask, context.stats = (weight > 0).to(weight.dtype), {}
         arguments = (inputs,) if size is None else (inputs, size)
-        loss = row_loss(functional_call(head, (params, buffers), arguments), y, weight)
-        return loss, {} if context is None else dict(context.stats)
+        value = row_loss(functional_call(head, (params, buffers), arguments), y, weight)
+        return value, {} if context is None else dict(context.stats)
 
     return loss
 
