@@ -5,7 +5,8 @@
 # It prints the card and its measured matmul rates, runs the tests that need a GPU, then every member of SFMTL-Graph's
 # paper-scale comparison (configs/sfmtl/fashion_mnist_rotated_masked.yaml, the real Fashion-MNIST files carried in
 # .gpu_data) batched and sequential against a bare sequential loop on the card (`manytask bench --only paper`): the
-# figures docs/performance.md records per card; then one round of FedAvg and of SFMTL-Graph under the profiler
+# figures docs/performance.md records per card; the same for FedAvg + DEA on a Swin-T, FL + TaLoS and MAS-2
+# (`--only scale`, offline stand-ins); then one round of FedAvg and of SFMTL-Graph under the profiler
 # (scripts/profile_round.py). What it writes under $OUT comes back, each part as it finishes.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
@@ -36,6 +37,9 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_devices.py te
     tests/test_checkpoint_integrity.py 2>&1 | tail -n 30 | tee "$OUT/tests.txt"
 timeout 400 python3 -c "from manytask.cli import main; main()" bench --only paper --rounds 1 \
     --out "$OUT/paper.json" 2>&1 | tee "$OUT/paper.txt" | grep -v 'one after another'
+# FedAvg + DEA on a Swin-T with BatchNorm decoders, FL + TaLoS's sparse rounds, MAS-2's all-in-one rounds
+timeout 150 python3 -c "from manytask.cli import main; main()" bench --only scale --rounds 1 \
+    --out "$OUT/scale.json" 2>&1 | tee "$OUT/scale.txt" | grep -v 'one after another'
 for member in fedavg sfmtl-graph; do  # where a batched round's time goes on the card (top ops by device time)
     timeout 90 python3 scripts/profile_round.py --member "$member" 2>&1 | grep -v 'one after another\|USDT' \
         | tee "$OUT/profile-$member.txt" | head -n 22

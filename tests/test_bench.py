@@ -132,3 +132,31 @@ def test_the_bare_round_takes_its_epochs_and_clips_its_gradients():
     assert len(steps) == 2 * 3  # ceil(10 / 4) steps an epoch
     moved = torch.cat([(after[k] - state[k]).flatten() for k in state]).norm()
     assert 0 < moved <= 6 * 1e-3 + 1e-6  # each step moves at most lr × clip
+
+
+def test_the_scale_part_times_phased_and_dense_methods_after_their_warm_up():
+    """The scale checks' machinery on tiny stand-ins: TaLoS timed from its first sparse round (two warm-up rounds),
+    FedAvg + DEA on encoder–decoders with BatchNorm decoders, each against a bare loop taking each task's own loss;
+    one paper-scale table per check."""
+    from manytask.bench_tables import tables
+    from manytask.paper_scale import scale_members
+
+    checks = {
+        "talos": ("configs/talos/scene_objects_protocol.yaml", [
+            "method=[{name: talos, head_rounds: 1, calibration_rounds: 2, calibration_examples: 10}]",
+            "model={backbone: mlp, hidden: [16]}", "federation.num_clients=4", "benchmark.classes=10",
+            "benchmark.source_classes=4"], 2),
+        "dea": ("configs/feddea/scenes_nyud_hosts_plugins.yaml", [
+            "method=[{name: fedavg, plugin: {name: dea, rho: 0.3}}]", "plugins=null", "benchmark.size=16",
+            "benchmark.train_per_task=16", "benchmark.test_size=8",
+            "model={backbone: cnn, channels: [4, 8], norm: batch, decoder: {width: 4, norm: batch}}"], 1),
+    }
+    results = scale_members(rounds=1, sequential_rounds=1, checks=checks)
+    assert list(results) == ["talos", "dea"]
+    talos = results["talos"]["members"][0]
+    # 4 local steps of batch 32 for each of the round's clients (participation 0.1 of 4: one)
+    assert talos["passes_per_round"] == 4 * 32 * results["talos"]["clients_per_round"]
+    for check in results.values():
+        (row,) = check["members"]
+        assert row["batched_s_per_round"] > 0 and row["sequential_s_per_round"] > 0 and check["bare_s_per_round"] > 0
+    assert len(tables({"scale_members": results})) == 2

@@ -341,8 +341,9 @@ def flower_installed() -> bool:
 
 
 # what `--only` picks from
-PARTS = ("kernels", "limit", "members", "paper", "engine", "workers", "memory", "matu", "sfmtl", "flower")
-DEFAULT_PARTS = tuple(part for part in PARTS if part != "paper")  # paper scale: tens of minutes without a GPU
+PARTS = ("kernels", "limit", "members", "paper", "scale", "engine", "workers", "memory", "matu", "sfmtl", "flower")
+# paper scale and the other methods at scale: tens of minutes without a GPU
+DEFAULT_PARTS = tuple(part for part in PARTS if part not in ("paper", "scale"))
 
 
 def run_bench(
@@ -359,6 +360,7 @@ def run_bench(
         "compute_limit": ("limit", lambda: compute_limit(turns=3 * rounds)),
         "member_limits": ("members", lambda: member_limits(turns=rounds)),
         "paper_members": ("paper", lambda: _paper_members(rounds)),
+        "scale_members": ("scale", lambda: _scale_members(rounds)),
         "engine_overhead": ("engine", lambda: engine_overhead(rounds=rounds)),
         "parallel_clients": ("workers", lambda: parallel_speedup(rounds=rounds)),
         "peak_memory": ("memory", peak_memory),
@@ -371,6 +373,15 @@ def run_bench(
     results.update({key: measure() for key, (part, measure) in measures.items() if part in wanted})
     out.write_text(json.dumps(results, indent=2))
     return results
+
+
+def _scale_members(rounds: int) -> dict[str, Any]:
+    from manytask.paper_scale import SCALE_CHECKS, scale_members
+
+    missing = [path for path, _, _ in SCALE_CHECKS.values() if not Path(path).exists()]
+    if missing:
+        raise ManytaskError(f"bench part 'scale' reads {missing[0]}: run it from the repository's root.")
+    return scale_members(rounds=rounds)
 
 
 def _paper_members(rounds: int) -> dict[str, Any]:

@@ -113,5 +113,6 @@ TABLES: dict[str, Callable[[Any], BenchTable]] = {  # the printed tables, in ord
 
 
 def tables(results: Mapping[str, Any]) -> list[BenchTable]:
-    """The terminal's tables of the parts `results` holds."""
-    return [table(results[key]) for key, table in TABLES.items() if key in results]
+    """The terminal's tables of the parts `results` holds (the scale part: one paper-scale table per check)."""
+    printed = [table(results[key]) for key, table in TABLES.items() if key in results]
+    return printed + [_paper_table(check) for check in results.get("scale_members", {}).values()]

@@ -141,9 +141,9 @@ def bench(
     matu_d: Annotated[int, typer.Option("--matu-d", min=1, help="entries of MaTU's unified vector")] = 10_000_000,
     sfmtl_clients: Annotated[int, typer.Option("--sfmtl-clients", min=2, help="SFMTL-Graph's participants")] = 1000,
     only: Annotated[list[str] | None, typer.Option(
-        "--only", help="measure only this part (repeatable): kernels, limit, members, paper, engine, workers, "
-        "memory, matu, sfmtl, flower (paper, SFMTL's members at the paper's scale, is for a GPU and runs only when "
-        "named)")] = None,
+        "--only", help="measure only this part (repeatable): kernels, limit, members, paper, scale, engine, workers, "
+        "memory, matu, sfmtl, flower (paper, SFMTL's members at the paper's scale, and scale, FedAvg + DEA on a "
+        "Swin-T, FL + TaLoS and MAS-2 at scale, are for a GPU and run only when named)")] = None,
     kernels: Annotated[bool, typer.Option("--kernels", help="only the kernels per round (--only kernels)")] = False,
 ) -> None:
     """Measure the speed ratios on this machine, side by side (docs/performance.md): kernels per training round at

@@ -39,13 +39,16 @@ def member_config(config: RunConfig, method: Any, execution: str, rounds: int) -
 
 
 def passes_per_round(experiment: Experiment) -> float:
-    """Sample passes (forward and backward) of an average round: its clients' E epochs over their data, K times
-    where the method takes K steps on each batch."""
+    """Sample passes (forward and backward) of an average round: its clients' E epochs over their data (or their
+    `local_steps` batches), K times where the method takes K steps on each batch."""
     config = experiment.config
     sizes = [sum(experiment.setup.holdings[c].values()) for c in range(experiment.federation.num_clients)]
     count = clients_per_round(len(sizes), config.participation, config.clients_per_round)
     inner = getattr(experiment.method_params, "inner_steps", 1)
-    return count * statistics.mean(sizes) * (config.train.local_epochs or 1) * inner
+    train = config.train
+    per_client = (train.local_steps * train.batch_size if train.local_steps is not None
+                  else statistics.mean(sizes) * (train.local_epochs or 1))
+    return count * per_client * inner
 
 
 def _timed(run, rounds: int) -> list[float]:
@@ -79,25 +82,29 @@ def bare_sequential(config: RunConfig, rounds: int) -> tuple[float, Experiment]:
 
 
 def paper_members(path: Path = PAPER_CONFIG, rounds: int = 2, sequential_rounds: int = 1,
-                  overrides: list[str] | None = None) -> dict[str, Any]:
+                  overrides: list[str] | None = None, warmup: int = 1) -> dict[str, Any]:
     """Per member of the comparison at `path` (with `overrides`): batched and sequential s/round and images/s,
-    against the bare sequential loop's; and the batched rounds of all members together."""
+    against the bare sequential loop's; and the batched rounds of all members together. Both runners time their
+    rounds after `warmup` rounds (a phased method's timed rounds are then those of its phase)."""
     config = resolve(str(path), list(overrides or []))
     torch.set_num_threads(config.threads)  # as the engine's runs will
     bare, base = bare_sequential(config, rounds)
     bare_passes = passes_per_round(base)
     rows = []
     for method in config.methods:
-        total = rounds + sequential_rounds + 2
+        total = warmup + rounds + sequential_rounds + 1
         with engine_runner(member_config(config, method, "auto", total)) as batched:
             experiment = batched.loop.exp
-            batched(1)
+            batched(warmup)
             _synchronize()
+            before = batched.loop.checkpoint_seconds
             batched_s = statistics.median(_timed(batched, rounds))
-            checkpoint = batched.checkpoint_s_per_round
+            checkpoint = (batched.loop.checkpoint_seconds - before) / rounds
         sequential_s = None
         if sequential_rounds:
             with engine_runner(member_config(config, method, "sequential", total)) as sequential:
+                if warmup > 1:  # a phased method's rounds before the timed phase (the first round is timed as-is)
+                    sequential(warmup)
                 sequential_s = statistics.median(_timed(sequential, sequential_rounds))
         passes = passes_per_round(experiment)
         rows.append({"member": experiment.label, "passes_per_round": passes, "batched_s_per_round": batched_s,
@@ -113,3 +120,27 @@ def paper_members(path: Path = PAPER_CONFIG, rounds: int = 2, sequential_rounds:
                                                    config.clients_per_round),
             "bare_s_per_round": bare, "bare_images_per_s": bare_passes / bare,
             "members": rows, "all_batched_s_per_round": sum(r["batched_s_per_round"] for r in rows)}
+
+
+# The other methods at scale (`manytask bench --only scale`), each on an offline stand-in that a lent GPU can run in
+# about a minute: (config, overrides, warm-up rounds before the timed ones).
+SCALE_CHECKS: dict[str, tuple[str, list[str], int]] = {
+    # FedDEA's NYUD-v2 setting: one client per task, Swin-T encoder (random weights: the paper's compute without its
+    # checkpoint) with BatchNorm decoders at 224×224, on nyud-like scenes
+    "FedAvg + DEA, nyud-like on Swin-T": ("configs/feddea/scenes_nyud_hosts_plugins.yaml", [
+        "method=[{name: fedavg, plugin: {name: dea, rho: 0.3}}]", "plugins=null", "benchmark.size=224",
+        "model={backbone: swin, image_size: 224, decoder: {width: 128, norm: batch}}", "train.batch_size=8"], 1),
+    # FL + TaLoS's protocol config from its first sparse round (one head-only round, then the calibration round)
+    "FL + TaLoS, sparse rounds": ("configs/talos/scene_objects_protocol.yaml", [
+        "method=[{name: talos, head_rounds: 1, calibration_rounds: 5}]", "model.pretrained=false"], 2),
+    # MAS-2's all-in-one rounds on sdnkt (32 buildings, 4 a round)
+    "MAS-2, all-in-one rounds": ("configs/mas/sdnkt_comparison.yaml", [
+        "method=[{name: mas, label: mas-2, groups: 2, r0: 12, affinity_round: 10}]"], 1),
+}
+
+
+def scale_members(rounds: int = 1, sequential_rounds: int = 1,
+                  checks: dict[str, tuple[str, list[str], int]] | None = None) -> dict[str, dict[str, Any]]:
+    """`paper_members` of each of `checks` (by default `SCALE_CHECKS`), by its label."""
+    return {label: paper_members(Path(path), rounds, sequential_rounds, overrides, warmup)
+            for label, (path, overrides, warmup) in (checks or SCALE_CHECKS).items()}
