@@ -114,6 +114,26 @@ def test_talos_on_cuda_gives_the_cpu_numbers_within_float_tolerance(tmp_path):
 
 
 
+MAS = {"name": "devices-mas", "rounds": 4, "seed": 0, "reference": None, "eval_every": 2,
+       "method": [{"name": "mas", "groups": 2, "r0": 2, "affinity_round": 1}, "one-by-one"],
+       "benchmark": {"name": "scenes", "tasks": "sdn", "size": 16, "train_per_task": 48, "test_size": 8,
+                     "buildings": 4, "styles": 2},
+       "federation": {"num_clients": 4, "tasks": {"kind": "all"}, "samples": {"kind": "natural"}},
+       "model": {"backbone": "cnn", "channels": [4, 8], "norm": "batch", "decoder": {"width": 4}},
+       "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "batch_size": 8, "local_steps": 2}}
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_mas_on_cuda_gives_the_cpu_numbers_within_float_tolerance(tmp_path):
+    """MAS-2 through its all-in-one, affinity (lookahead inside the local steps) and group rounds, and one-by-one,
+    on the GPU: the CPU's losses."""
+    cpu = run_config(validate({**MAS, "device": "cpu"}), tmp_path / "cpu")
+    gpu = run_config(validate({**MAS, "device": "cuda"}), tmp_path / "gpu")
+    for label, summary in cpu.items():
+        for task, metrics in summary["tasks"].items():
+            assert gpu[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-3), (label, task)
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
 def test_flower_client_gpus_without_a_gpu_is_refused_before_ray_starts(tmp_path):
     pytest.importorskip("flwr")

@@ -68,7 +68,8 @@ class StagedClient(HostClient):
     """Trains the held tasks whose decoders the server sent, with the stage's lr schedule; measures lookahead
     affinities when the server asks."""
 
-    supports_device = False  # its lookahead and stage state have not run on a GPU yet
+    # the lookahead's scores are gathered on the host (one copy a task and a measured step); the rest is the
+    # host's: tests/test_devices.py compares a GPU run with the CPU's (not yet run on a GPU)
 
     params: StagedParams
 
