@@ -123,7 +123,7 @@ def batched_unifications(vectors: Tensor, counts: list[int]) -> list[Unification
     out: dict[int, Unification] = {}
     for size in sorted(set(counts)):
         clients = [c for c, n in enumerate(counts) if n == size]
-        rows = torch.tensor([starts[c] + i for c in clients for i in range(size)])
+        rows = torch.tensor([starts[c] + i for c in clients for i in range(size)], device=vectors.device)
         unified, masks, rescalers = unify(vectors.index_select(0, rows).view(len(clients), size, -1))
         for position, (client, scales) in enumerate(zip(clients, rescalers.tolist(), strict=True)):
             out[client] = unified[position], masks[position], scales
@@ -142,11 +142,19 @@ def received_vectors(message: Message, tasks: list[str]) -> dict[str, Tensor]:
 class MatuClient(ClientProgram):
     """Trains one copy per held task, each from its task's received vector and head on that task alone, and uploads
     the unification of the trained vectors. Its round is one plan per copy, which the executor batches with the
-    other clients' copies."""
+    other clients' copies. On a device, the copies train there and are unified there; the vectors and masks cross
+    to the host as the reply is made."""
+
+    supports_device = True
 
     @cached_property
     def space(self) -> TaskVectorSpace:
         return TaskVectorSpace(self.setup)
+
+    @cached_property
+    def initial(self) -> Tensor:
+        """θ_p of the adapters, flattened, on the program's device (where trained vectors are taken from it)."""
+        return self.space.initial.to(self.device)
 
     template = program_template()
 
@@ -157,7 +165,7 @@ class MatuClient(ClientProgram):
         received_heads = {k: v for k, v in payload.tensors().items() if task_of_key(k) is not None}
         trained, reports = {}, {}
         for task in tasks:
-            model = self.space.model_with(self.setup, starts[task], received_heads)
+            model = self.space.model_with(self.setup, starts[task], received_heads).to(self.device)
             reports[task] = self.setup.trainer().train(
                 model, {task: ctx.data[task]}, derive_seed(ctx.seed, task), ctx.round_index, self.setup.rounds
             )
@@ -199,7 +207,7 @@ class MatuClient(ClientProgram):
         trained = [{t: self.template.trained(r.params, [t]) for t, r in zip(ctx.data, rs, strict=True)}
                    for ctx, rs in zip(ctxs, results, strict=True)]
         states = [state for client in trained for state in client.values()]
-        vectors = self.space.space.flatten_many(states) - self.space.initial
+        vectors = self.space.space.flatten_many(states) - self.initial
         counts = [len(client) for client in trained]
         unified = batched_unifications(vectors, counts) if self.params.unify else None
         replies, row = [], 0
@@ -213,7 +221,7 @@ class MatuClient(ClientProgram):
     def reply(self, ctx: ClientContext, trained: Mapping[str, Mapping[str, Tensor]],
               reports: Mapping[str, TrainReport]) -> Message:
         """Per task, its copy's vector τ (the adapters minus their initial values) and head, unified for the wire."""
-        vectors = {task: self.space.space.flatten(state) - self.space.initial for task, state in trained.items()}
+        vectors = {task: self.space.space.flatten(state) - self.initial for task, state in trained.items()}
         return self.message(ctx, trained, reports, vectors, unification(vectors) if self.params.unify else None)
 
     def message(self, ctx: ClientContext, trained: Mapping[str, Mapping[str, Tensor]],
