@@ -66,6 +66,8 @@ def check_model(model: nn.Module) -> None:
         raise Unbatchable(f"{type(model).__name__} is not a backbone with heads")
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         raise Unbatchable("the model uses dropout, whose random masks follow one client's generator")
+    if any(getattr(m, "drop_prob", 0) > 0 for m in model.modules()):  # Swin's, timm's DropPath
+        raise Unbatchable("the model uses stochastic depth (drop path), whose draws follow one client's generator")
     outside = [n for n, _ in model.named_buffers() if not n.startswith((BACKBONE_PREFIX, HEAD_PREFIX))]
     if outside:
         raise Unbatchable(f"buffers outside the backbone and the heads ({outside[0]})")
