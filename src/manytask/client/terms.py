@@ -3,12 +3,16 @@
 A `ParameterTerm` is scale · Σ_k piece(θ_k, a_k) over the parameters k it covers, with one operand a_k per
 parameter (FedProx's anchor θ_global, FedDyn's gradient g). `piece` is the only place the term's arithmetic is
 written: the sequential trainer sums it over one client's parameters (`loss`), and the batched executor maps the
-same function over the rows of stacked parameters with `torch.func.vmap` (`stacked_loss`)."""
+same function over the rows of stacked parameters with `torch.func.vmap` (`stacked_loss`). A term may also give its
+piece's gradient in θ where it is linear in θ and the operand (`LinearGradient`); the batched executor then adds it
+to the stacked gradients in place instead of differentiating the term: a proximal term's autograd graph allocates and
+passes over every parameter several times a step, the in-place sum twice."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -20,20 +24,31 @@ Piece = Callable[[Tensor, Tensor], Tensor]  # (a parameter, its operand) -> its 
 Move = Callable[[Tensor, Tensor], Tensor]  # (an operand, its parameter) -> the operand's next value
 
 
+class LinearGradient(NamedTuple):
+    """∂piece(θ_k, a_k)/∂θ_k = theta · θ_k + operand · a_k, for a piece whose gradient is linear in both."""
+    theta: float
+    operand: float
+
+
 def squared_distance(theta: Tensor, anchor: Tensor) -> Tensor:
     """‖θ_k − a_k‖², one parameter's summand of a proximal term (FedProx's, pFedMe's)."""
     return (theta - anchor).pow(2).sum()
 
 
+SQUARED_DISTANCE_GRADIENT = LinearGradient(2.0, -2.0)  # ∂‖θ − a‖²/∂θ = 2θ − 2a
+
+
 class ParameterTerm(TrainHook):
-    """scale · Σ_k piece(θ_k, a_k) over the parameters (by state-dict name, as trained) that `operands` holds."""
+    """scale · Σ_k piece(θ_k, a_k) over the parameters (by state-dict name, as trained) that `operands` holds;
+    `gradient`, where given, is ∂piece/∂θ (`LinearGradient`)."""
 
     def __init__(self, params: Mapping[str, Tensor], operands: Mapping[str, Tensor], scale: float,
-                 piece: Piece) -> None:
+                 piece: Piece, gradient: LinearGradient | None = None) -> None:
         self.params = dict(params)
         self.operands = {k: v for k, v in operands.items() if k in self.params}
         self.scale = scale
         self.piece = piece
+        self.gradient = gradient
 
     def loss(self, step: StepContext) -> Tensor | None:
         if self.scale == 0:
@@ -60,8 +75,8 @@ class MovingParameterTerm(ParameterTerm):
     client at a time runs the same `move`."""
 
     def __init__(self, params: Mapping[str, Tensor], operands: Mapping[str, Tensor], scale: float, piece: Piece,
-                 move: Move, every: int) -> None:
-        super().__init__(params, operands, scale, piece)
+                 move: Move, every: int, gradient: LinearGradient | None = None) -> None:
+        super().__init__(params, operands, scale, piece, gradient)
         self.move = move
         self.every = every
 

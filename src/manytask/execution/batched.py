@@ -223,7 +223,8 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
             step_losses = losses[0] if len(losses) == 1 else torch.cat(losses)
             loss = step_losses.sum()
             for term in terms:
-                loss = loss + term.loss(live)
+                if not term.analytic:
+                    loss = loss + term.loss(live)
             for feature_term in feature_terms:
                 loss = loss + feature_term.loss(live, raw_features, x, weight, layout)
             for state_term in state_terms:
@@ -232,9 +233,13 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                                          materialize_grads=True))
         with torch.no_grad():
             extra_grads = dict(zip(extra, grads[len(names):], strict=True))
-            grads = [grad if n not in extra_grads else grad.index_add_(0, layout.row_clients[layout.clients:],
-                                                                        extra_grads[n])
-                     for n, grad in zip(names, grads[:len(names)], strict=True)]
+            by_leaf = {n: grad if n not in extra_grads else grad.index_add_(0, layout.row_clients[layout.clients:],
+                                                                              extra_grads[n])
+                       for n, grad in zip(names, grads[:len(names)], strict=True)}
+            for term in terms:
+                if term.analytic:
+                    term.add_gradient(by_leaf, live)
+            grads = [by_leaf[n] for n in names]
             _fold_statistics(running, stats, momenta, layout)
             for g, count, stats_of_pairs in head_stats:
                 _fold_head_statistics(head_running, round_.groups[g].key(g, ""), stats_of_pairs, heads[g], count)

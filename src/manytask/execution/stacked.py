@@ -5,6 +5,7 @@ with a state of their own (`FeatureStateTerm`) and state updates (`StateUpdate`)
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import partial
 
@@ -43,13 +44,16 @@ def per_leaf(round_: Round, per_client: Sequence[Mapping[str, Tensor]], leaves: 
 
 
 class StackedTerm:
-    """One hook position's parameter terms of every client, over the leaves; the operands of a
+    """One hook position's parameter terms of every client, over the leaves: differentiated with the loss (`loss`),
+    or, where the term gives its gradient, added to the stacked gradients (`add_gradient`); the operands of a
     `MovingParameterTerm` move in place every `every` steps."""
 
     def __init__(self, round_: Round, terms: list[ParameterTerm], leaves: Mapping[str, Tensor]) -> None:
         self.term = terms[0]
-        if any(t.scale != self.term.scale or t.piece is not self.term.piece for t in terms):
+        if any(t.scale != self.term.scale or t.piece is not self.term.piece or t.gradient is not self.term.gradient
+               for t in terms):
             raise Unbatchable("clients of the round weigh a training term differently")
+        self.analytic = self.term.gradient is not None
         self.moves = isinstance(self.term, MovingParameterTerm)
         if self.moves and any(not same_function(t.move, self.term.move) or t.every != self.term.every
                               for t in terms):
@@ -58,6 +62,8 @@ class StackedTerm:
         # a term's piece on a parameter the client does not train (another task's head, in a copy trained on one
         # task) is a constant of its objective: it moves nothing, so it is left out
         self.operands, self.present = per_leaf(round_, [t.operands for t in terms], leaves, untrained=True)
+        rows = Counter(round_.leaf_of(c, n)[0] for c, names in enumerate(self.names) for n in names)
+        self.everywhere = {leaf for leaf, count in rows.items() if count == len(leaves[leaf])}  # no row to mask
         if self.moves:  # moved in place: the clients' own operands stay as they were
             self.operands = {k: v.clone() for k, v in self.operands.items()}
 
@@ -65,6 +71,22 @@ class StackedTerm:
         """The term over the live rows (a prefix of each leaf's)."""
         operands = {k: v[:len(live[k])] for k, v in self.operands.items()}
         return self.term.stacked_loss(live, operands, {k: v[:len(live[k])] for k, v in self.present.items()})
+
+    def add_gradient(self, grads: Mapping[str, Tensor], live: Mapping[str, Tensor]) -> None:
+        """Adds scale · present · (c_θ θ + c_a a) to `grads` (by leaf, over the live rows), in place: one fused sum
+        per operand over the leaves every row covers, a masked one per other leaf."""
+        full = [leaf for leaf in self.operands if leaf in self.everywhere]
+        partial_leaves = [leaf for leaf in self.operands if leaf not in self.everywhere]
+        for coefficient, values in zip(self.term.gradient, (live, self.operands), strict=True):
+            if not coefficient:
+                continue
+            alpha = self.term.scale * coefficient
+            rows = {leaf: values[leaf][:len(live[leaf])].detach() for leaf in self.operands}
+            if full:
+                torch._foreach_add_([grads[leaf] for leaf in full], [rows[leaf] for leaf in full], alpha=alpha)
+            for leaf in partial_leaves:
+                present = self.present[leaf][:len(live[leaf])].view(-1, *[1] * (live[leaf].dim() - 1))
+                grads[leaf].addcmul_(rows[leaf], present, value=alpha)
 
     def move(self, step: int, leaves: Mapping[str, Tensor], sizes: Mapping[str, int]) -> None:
         """After step `step` (0-based) of the active rows (`sizes`, per leaf): a ← move(a, θ) every `every` steps."""

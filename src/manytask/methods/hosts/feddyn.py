@@ -23,7 +23,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from manytask.client.terms import ParameterTerm
+from manytask.client.terms import LinearGradient, ParameterTerm
 from manytask.client.trainer import TrainHook
 from manytask.execution.plan import StateUpdate
 from manytask.methods.base import ClientContext, MethodDef
@@ -50,6 +50,8 @@ def inner_product(theta: Tensor, gradient: Tensor) -> Tensor:
     """⟨g_k, θ_k⟩, one parameter's summand of FedDyn's linear term."""
     return (theta * gradient).sum()
 
+
+INNER_PRODUCT_GRADIENT = LinearGradient(0.0, 1.0)  # ∂⟨g_k, θ_k⟩/∂θ_k = g_k
 
 def linear_term(params: Mapping[str, Tensor], gradients: Mapping[str, Tensor]) -> Tensor:
     """−Σ_k ⟨g_k, θ_k⟩, the linear part of FedDyn's local objective."""
@@ -88,7 +90,7 @@ class LinearTermHook(ParameterTerm):
     """Adds −⟨g, θ⟩ over the parameters `gradients` holds."""
 
     def __init__(self, params: Mapping[str, Tensor], gradients: Mapping[str, Tensor]) -> None:
-        super().__init__(params, gradients, -1.0, inner_product)
+        super().__init__(params, gradients, -1.0, inner_product, INNER_PRODUCT_GRADIENT)
 
 
 class FedDynClient(HostClient):

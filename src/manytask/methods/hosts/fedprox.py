@@ -10,7 +10,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from manytask.client.terms import ParameterTerm, squared_distance
+from manytask.client.terms import SQUARED_DISTANCE_GRADIENT, ParameterTerm, squared_distance
 from manytask.client.trainer import TrainHook
 from manytask.methods.base import ClientContext, MethodDef
 from manytask.methods.hosts.base import TrainedCopy
@@ -39,7 +39,7 @@ class ProximalHook(ParameterTerm):
 
     def __init__(self, params: Mapping[str, Tensor], anchor: Mapping[str, Tensor], mu: float) -> None:
         super().__init__(params, {k: v.detach() for k, v in anchor.items() if k in params}, 0.5 * mu,
-                         squared_distance)
+                         squared_distance, SQUARED_DISTANCE_GRADIENT)
 
 
 class FedProxClient(FedAvgClient):

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from manytask.client.terms import MovingParameterTerm, squared_distance
+from manytask.client.terms import SQUARED_DISTANCE_GRADIENT, MovingParameterTerm, squared_distance
 from manytask.client.trainer import TaskData, Trainer, mean_of, shuffled_batches
 from manytask.devices import on_device
 from manytask.errors import clipped
@@ -123,7 +123,8 @@ class PfedmeClient(ClientProgram):
         w = {k: start[k] for k in local if k in params}  # its parameters; its buffers follow θ's (`reply`)
         lr = self.setup.train.lr_at(ctx.round_index, self.setup.rounds)
         move = partial(local_update, lr=lr, lam=self.params.lam)
-        term = MovingParameterTerm(params, w, 0.5 * self.params.lam, squared_distance, move, self.params.inner_steps)
+        term = MovingParameterTerm(params, w, 0.5 * self.params.lam, squared_distance, move, self.params.inner_steps,
+                                   SQUARED_DISTANCE_GRADIENT)
         return ClientPlan(self.template.model, self.inner_trainer, ctx.round_index, self.setup.rounds, {},
                           dict(ctx.data), start, ctx.seed, [term], inner_steps=self.params.inner_steps)
 
