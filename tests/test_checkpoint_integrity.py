@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from manytask.cli import app
 from manytask.config import validate
-from manytask.engine.checkpoint import DIGEST_KEY, META_KEY, load_checkpoint, save_checkpoint
+from manytask.engine.checkpoint import CHECKSUM_KEY, DIGEST_KEY, META_KEY, load_checkpoint, save_checkpoint
 from manytask.errors import ManytaskError
 from manytask.input_limits import shown_path
 from manytask.run import resume, run_config
@@ -179,7 +179,7 @@ def test_an_intact_checkpoint_resumes_to_the_uninterrupted_numbers(run, uninterr
     summaries, full = uninterrupted
     with safe_open(str(run / "checkpoint.safetensors"), framework="pt") as handle:
         meta = json.loads(handle.metadata()[META_KEY])
-        assert len(handle.metadata()[DIGEST_KEY]) == 64
+        assert len(handle.metadata()[CHECKSUM_KEY]) == 64 and DIGEST_KEY not in handle.metadata()
     assert meta["run"]["method"] == "fedavg" and meta["run"]["total_rounds"] == 3
     resumed = resume(run)
     assert resumed["fedavg"]["tasks"] == summaries["fedavg"]["tasks"]
@@ -189,6 +189,29 @@ def test_an_intact_checkpoint_resumes_to_the_uninterrupted_numbers(run, uninterr
 def test_an_old_checkpoint_without_digest_or_identity_still_resumes(run, uninterrupted):
     _old_format(run / "checkpoint.safetensors")
     assert load_checkpoint(run / "checkpoint.safetensors").run is None
+    resume(run)
+    assert _rows(run) == _rows(uninterrupted[1])
+
+
+def _sha256_format(path):
+    """Rewrite the checkpoint as the format before checksums wrote it: its SHA-256 digest over the bytes themselves."""
+    from manytask.engine.checkpoint import _digest, write_safetensors
+
+    with safe_open(str(path), framework="pt") as handle:
+        tensors = {k: handle.get_tensor(k).clone() for k in handle.keys()}  # noqa: SIM118 (not mapped: rewritten)
+        text = handle.metadata()[META_KEY]
+    write_safetensors(path, tensors, {META_KEY: text, DIGEST_KEY: _digest(tensors, text)})
+
+
+def test_a_checkpoint_with_the_earlier_sha256_digest_is_verified_by_it_and_resumes(run, uninterrupted):
+    path = run / "checkpoint.safetensors"
+    _sha256_format(path)
+    assert load_checkpoint(path).run is not None
+    intact = path.read_bytes()
+    _flip_data_byte(path)
+    with pytest.raises(ManytaskError, match="do not match their digest"):
+        load_checkpoint(path)
+    path.write_bytes(intact)
     resume(run)
     assert _rows(run) == _rows(uninterrupted[1])
 
@@ -237,7 +260,7 @@ def test_the_same_checkpoint_always_gives_the_same_bytes(tmp_path):
         saved.add((tmp_path / f"c{attempt}").read_bytes())
     assert len(saved) == 1
     header = (tmp_path / "c0").read_bytes()[8:]
-    assert header.index(f'"{META_KEY}"'.encode()) < header.index(f'"{DIGEST_KEY}"'.encode())
+    assert header.index(f'"{META_KEY}"'.encode()) < header.index(f'"{CHECKSUM_KEY}"'.encode())
     assert load_checkpoint(tmp_path / "c0").extra == {"note": "é"}
 
 
