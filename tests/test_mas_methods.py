@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from manytask.benchmarks import build_benchmark
+from manytask.client.lookahead import lookahead_losses, shared_parameters
 from manytask.client.trainer import TrainConfig, Trainer, TrainHook
 from manytask.config import validate
 from manytask.engine.checkpoint import load_checkpoint
 from manytask.experiment import Experiment
 from manytask.methods.hosts.gradnorm import gradnorm_step
 from manytask.methods.mas import best_partition
-from manytask.methods.mas.lookahead import AffinityHook, lookahead_affinity, shared_parameters
+from manytask.methods.mas.lookahead import affinity_probe, affinity_scalars, affinity_scores
 from manytask.methods.mas.stages import MODEL_PART
 from manytask.models.multitask import build_model, task_of_key
 from manytask.run import resume, run_config
@@ -64,14 +65,15 @@ def test_lookahead_leaves_training_bit_identical_and_matches_a_hand_made_sgd_ste
         def before_backward(self, step):
             if step.step == 0:
                 first["batch"] = step.batches["semseg"][0]
-                first["S"] = lookahead_affinity(step, bench.specs, config.weight_decay, per_lr=False)
+                base, after = lookahead_losses(step, bench.specs, config.weight_decay)
+                first["S"] = affinity_scores(base, after, step.lr, per_lr=False)
 
-    hook = AffinityHook(bench.specs, every=1, weight_decay=config.weight_decay, per_lr=False)
+    hook = affinity_probe(bench.specs, every=1, weight_decay=config.weight_decay, per_lr=False)
     Trainer(config, bench.specs).train(measured, data, seed=3, round_index=0, total_rounds=1,
                                        hooks=[FirstStep(), hook])
     for (name, a), (_, b) in zip(plain.state_dict().items(), measured.state_dict().items(), strict=True):
         assert torch.equal(a, b), name  # encoder, decoders and BN statistics: bit for bit
-    assert hook.count == 3 and len(hook.scalars()) == 6
+    assert hook.count == 3 and len(affinity_scalars(hook.tasks, hook.mean())) == 6
 
     x = first["batch"]
     labels = {t: y for t, (xs, y) in data.items()}
@@ -224,14 +226,15 @@ def test_the_report_plots_affinity_over_the_measured_rounds_and_marks_the_split_
     assert "Inter-task affinity over rounds" in (tmp_path / "run" / "report.md").read_text()
 
 
-def test_staged_rounds_train_batched_with_the_sequential_numbers_and_measure_affinity_one_by_one(tmp_path, capsys):
-    """MAS-2 and one-by-one: the all-in-one and group stages' rounds train batched (clients holding several
-    dense tasks of the same images), the affinity round one client after another; the numbers match."""
+def test_staged_rounds_and_the_affinity_round_train_batched_with_the_sequential_numbers(tmp_path, capsys):
+    """MAS-2 and one-by-one: the all-in-one, affinity and group stages' rounds train batched (clients holding
+    several dense tasks of the same images; the lookahead measured for every client at once); the numbers, the
+    affinities included, match."""
     method = [MAS, "one-by-one"]
     sequential = run_config(validate(mas_config(method, execution="sequential")), tmp_path / "seq")
     batched = run_config(validate(mas_config(method)), tmp_path / "auto")
     notices = capsys.readouterr().err
-    assert "measures lookahead affinities" in notices and "trains with a loop of its own" not in notices
+    assert "one after another" not in notices, notices
     for label, summary in sequential.items():
         for task, metrics in summary["tasks"].items():
             assert batched[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), (label, task)

@@ -44,6 +44,7 @@ from manytask.execution.layout import (
 from manytask.execution.losses import RowLoss
 from manytask.execution.norms import MaskedBatchNorm, NormContext, Statistics, masked_copy
 from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable, WorkPlan
+from manytask.execution.probes import stacked_probes
 from manytask.execution.stacked import StackedFeatureTerm, StackedStateTerm, stacked_terms, updated_states
 from manytask.execution.steps import batched_optimizer, clip_per_client
 from manytask.models.decoders import Pyramid
@@ -174,6 +175,7 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
     passed = Pyramid(backbone) if dense else backbone  # a dense round's pass gives the feature pyramid
     prefix = Pyramid.PREFIX if dense else ""
     config = trainer.config
+    probes = stacked_probes(round_, steps, config.lr_at(round_index, total_rounds))
     optimizer = batched_optimizer(config, config.lr_at(round_index, total_rounds), round_.masks(leaves))
     autocast = config.autocast(device)
     names = list(leaves)
@@ -193,14 +195,18 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                                part[step].index_select(0, layout.rows)
                                for part in (batches.index, batches.weight, batches.mask))
         x = inputs.index_select(0, index.flatten()).view(*index.shape, *inputs.shape[1:])
-        with autocast:
+
+        def forward(live: Mapping[str, Tensor], x: Tensor = x, mask: Tensor = mask, weight: Tensor = weight,
+                    layout: Step = layout, step: int = step):
+            """The step's pair losses with the leaves `live` (the step's own, or a probe's moved ones), and what
+            training folds and differentiates besides: BatchNorm statistics, extra rows, features, labels."""
             rows_forward = vmap(backbone_row) if chain is None else chain
             passes, stats, extra = _backbone_passes(rows_forward, live, leaves, running, x, mask, layout)
             # what the heads read, and the feature vectors MOON contrasts (a dense model's pooled deepest level)
             raw_features = passes[-1].mean(dim=(-2, -1)) if dense else passes
             head_inputs = passes if dense else template.head_input(passes)
             size = tuple(x.shape[-2:]) if dense else None
-            losses, head_stats = [], []
+            losses, head_stats, labels = [], [], None
             for g, (group, (y, y_index)) in enumerate(zip(round_.groups, targets, strict=True)):
                 count, positions = layout.pairs[g], layout.positions[g]
                 if not count:
@@ -221,6 +227,10 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                 head_stats.append((g, count, stats_of_pairs))
                 labels = row_y  # one group when there are state terms: the labels of the rows, in row order
             step_losses = losses[0] if len(losses) == 1 else torch.cat(losses)
+            return step_losses, stats, extra, head_stats, raw_features, labels
+
+        with autocast:
+            step_losses, stats, extra, head_stats, raw_features, labels = forward(live)
             loss = step_losses.sum()
             for term in terms:
                 if not term.analytic:
@@ -229,6 +239,8 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                 loss = loss + feature_term.loss(live, raw_features, x, weight, layout)
             for state_term in state_terms:
                 loss = loss + state_term.loss(raw_features, labels, mask, layout)
+            for probe in probes:
+                probe.measure(step, layout, live, step_losses, lambda shifted: forward(shifted)[0])
         grads = list(torch.autograd.grad(loss, [live[n] for n in names] + list(extra.values()), allow_unused=True,
                                          materialize_grads=True))
         with torch.no_grad():
@@ -251,7 +263,8 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                 term.move(step, leaves, sizes)
         recorded.append((step_losses.detach(), layout.pair_index))
     return _results(round_, leaves, {**running, **head_running}, steps, recorded, updated_states(round_, leaves),
-                    [term.final() for term in state_terms], [term.final(round_) for term in terms if term.moves])
+                    [term.final() for term in state_terms], [term.final(round_) for term in terms if term.moves],
+                    [probe.final() for probe in probes])
 
 
 def _backbone_passes(forward: Callable, live: Mapping[str, Tensor], leaves: Mapping[str, Tensor],
@@ -321,7 +334,7 @@ def _fold_head_statistics(running: dict[str, Tensor], prefix: str, stats: Mappin
 
 def _results(round_: Round, leaves: Mapping[str, Tensor], running: Mapping[str, Tensor], steps: list[int],
              recorded: list[tuple[Tensor, Tensor]], states: list[dict[str, Tensor]], term_states: list[list[Tensor]],
-             moved: list[list[dict[str, Tensor]]]) -> list[PlanResult]:
+             moved: list[list[dict[str, Tensor]]], probes: list[list[Tensor | None]]) -> list[PlanResult]:
     """Each client's trained parameters and buffers (views of the stacks, which change no more) and its report;
     the losses are summed per pair once, in float64 (one accumulating op), and read once."""
     pairs = sum(len(group.pairs) for group in round_.groups)
@@ -355,5 +368,5 @@ def _results(round_: Round, leaves: Mapping[str, Tensor], running: Mapping[str, 
                 params[BUFFER_PREFIX + name] = plan.start[name]
         losses = {t: pair_losses[c, t] / max(steps[c], 1) for t in plan.data}
         results.append(PlanResult(params, TrainReport(steps[c], losses), states[c], [t[c] for t in term_states],
-                                  [m[c] for m in moved]))
+                                  [m[c] for m in moved], [p[c] for p in probes]))
     return results

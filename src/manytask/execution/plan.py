@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from manytask.client.lookahead import LookaheadProbe
 from manytask.client.terms import FeatureStateTerm, FeatureTerm, ParameterTerm
 from manytask.client.trainer import TaskData, Trainer, TrainReport
 
@@ -62,6 +63,7 @@ class ClientPlan:
     # per parameter, the entries the steps may move under SGD with momentum, whatever the trainer's optimizer
     # (`SparseSGDM`: TaLoS's); None: the trainer's optimizer moves every trainable entry
     masks: dict[str, Tensor] | None = None
+    probes: list[LookaheadProbe] = field(default_factory=list)  # measurements inside the steps (MAS's lookahead)
 
 
 @dataclass
@@ -71,6 +73,8 @@ class PlanResult:
     state: dict[str, Tensor] = field(default_factory=dict)  # the plan's `update` applied, by parameter name
     term_states: list[Tensor] = field(default_factory=list)  # each of the plan's `state_terms`' state after training
     moved: list[dict[str, Tensor]] = field(default_factory=list)  # each `MovingParameterTerm`'s final operands
+    # each of the plan's `probes`' mean measurement over the client's tasks (in its data's order), None: none made
+    probes: list[Tensor | None] = field(default_factory=list)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from functools import cached_property
 from pydantic import Field
 from torch import Tensor, nn
 
+from manytask.client.lookahead import LookaheadProbe
 from manytask.client.optimizers import OptimizerFactory, sparse_sgdm
 from manytask.client.terms import FeatureTerm, ParameterTerm
 from manytask.client.trainer import (
@@ -228,14 +229,15 @@ class HostClient(HostModel, ClientProgram[HostParams]):
         if self.combine(ctx, copy) is not sum_of_task_losses:
             raise Unbatchable(f"{type(self).__name__} combines task losses its own way")
         hooks = self.hooks(ctx, copy)
-        acting = [type(h).__name__ for h in hooks if not isinstance(h, ParameterTerm | FeatureTerm)]
+        acting = [type(h).__name__ for h in hooks if not isinstance(h, ParameterTerm | FeatureTerm | LookaheadProbe)]
         if acting:
             raise Unbatchable(f"hook {acting[0]} acts inside the training step")
         start = merged_state(values.initial_values, received, self.local_state(ctx, copy))
         data = {t: ctx.data[t] for t in copy.tasks}
         return ClientPlan(copy.model, trainer, round_index, rounds, received, data, start, copy.seed,
                           [h for h in hooks if isinstance(h, ParameterTerm)], self.state_update(ctx, copy),
-                          [h for h in hooks if isinstance(h, FeatureTerm)], masks=self.sparse_masks(ctx, copy))
+                          [h for h in hooks if isinstance(h, FeatureTerm)], masks=self.sparse_masks(ctx, copy),
+                          probes=[h for h in hooks if isinstance(h, LookaheadProbe)])
 
     @cached_property
     def template(self) -> tuple[MultiTaskModel, nn.Module]:

@@ -24,16 +24,17 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 
+from manytask.client.lookahead import LookaheadProbe
 from manytask.client.trainer import TaskData, TrainHook, evaluate
 from manytask.errors import ManytaskError
-from manytask.execution.plan import ClientPlan, Unbatchable
+from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, Metrics, Setup
 from manytask.methods.common.global_model import GlobalModel, GlobalModelServer, fedavg_weights_of
 from manytask.methods.common.phases import Phase, Phases, PhaseStep
 from manytask.methods.common.wire import LOSS_PREFIX, fit_scalars, mean_train_losses
 from manytask.methods.hosts.base import HostClient, HostModel, HostParams, TrainedCopy
-from manytask.methods.mas.lookahead import AFFINITY_PREFIX, AffinityHook, affinity_matrix
+from manytask.methods.mas.lookahead import AFFINITY_PREFIX, affinity_matrix, affinity_probe, affinity_scalars
 from manytask.models.multitask import load_state, task_of_key, trainable_state
 
 STAGE_ROUND, STAGE_ROUNDS, MEASURE_EVERY = "stage/round", "stage/rounds", "stage/affinity_every"
@@ -66,10 +67,8 @@ class StagedParams(HostParams):
 
 class StagedClient(HostClient):
     """Trains the held tasks whose decoders the server sent, with the stage's lr schedule; measures lookahead
-    affinities when the server asks."""
-
-    # the lookahead's scores are gathered on the host (one copy a task and a measured step); the rest is the
-    # host's: tests/test_devices.py compares a GPU run with the CPU's (not yet run on a GPU)
+    affinities when the server asks (a `LookaheadProbe` the sequential trainer runs as a hook, and the batched
+    executor measures for every client of the round at once)."""
 
     params: StagedParams
 
@@ -78,20 +77,26 @@ class StagedClient(HostClient):
         if not payload.arrays:  # an idle stage (a group slot a selection left unused): nothing to train
             return Message(scalars=fit_scalars(ctx.data, {}))
         self.stage_scalars = dict(payload.scalars)
-        self.affinity: AffinityHook | None = None
+        self.affinity: LookaheadProbe | None = None
         return super().fit(ctx, payload)
 
     def plan(self, ctx: ClientContext, payload: Message | None) -> ClientPlan | list[ClientPlan]:
-        """`fit`'s round as a plan, for a round that measures no affinity (the lookahead steps act inside the local
-        steps) and is not idle."""
+        """`fit`'s round as a plan, for a round that is not idle."""
         assert payload is not None, "staged clients always receive the stage's model"
         if not payload.arrays:
             raise Unbatchable("an idle stage trains nothing")
-        if int(payload.scalars.get(MEASURE_EVERY, 0)):
-            raise Unbatchable("this round measures lookahead affinities inside the local steps")
         self.stage_scalars = dict(payload.scalars)
-        self.affinity = None
         return self.host_plan(ctx, payload)
+
+    def conclude(self, ctx: ClientContext, payload: Message | None, plan: ClientPlan | list[ClientPlan],
+                 result: PlanResult | list[PlanResult]) -> Message:
+        """The host's reply, with the affinities the executor measured for this client (if any)."""
+        self.affinity = None  # `reply` adds the sequential hook's measurements only
+        reply = super().conclude(ctx, payload, plan, result)
+        if isinstance(plan, list) or not plan.probes:
+            return reply
+        assert isinstance(result, PlanResult)
+        return Message(reply.arrays, {**reply.scalars, **affinity_scalars(list(plan.data), result.probes[0])})
 
     def schedule(self, ctx: ClientContext) -> tuple[int, int]:
         return int(self.stage_scalars[STAGE_ROUND]), int(self.stage_scalars[STAGE_ROUNDS])
@@ -112,12 +117,12 @@ class StagedClient(HostClient):
         every = int(self.stage_scalars.get(MEASURE_EVERY, 0))
         if not every:
             return []
-        self.affinity = AffinityHook(self.setup.specs, every, self.setup.train.weight_decay, self.params.per_lr)
+        self.affinity = affinity_probe(self.setup.specs, every, self.setup.train.weight_decay, self.params.per_lr)
         return [self.affinity]
 
     def reply(self, ctx: ClientContext, tensors: dict[str, Tensor], scalars: dict[str, float]) -> Message:
-        """The host's reply, with the affinities measured this round (if any)."""
-        measured = {} if self.affinity is None else self.affinity.scalars()
+        """The host's reply, with the affinities measured this round by the sequential trainer (if any)."""
+        measured = {} if self.affinity is None else affinity_scalars(self.affinity.tasks, self.affinity.mean())
         return super().reply(ctx, tensors, {**scalars, **measured})
 
 
