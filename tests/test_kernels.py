@@ -4,10 +4,8 @@ as a round of 4 under execution auto (the count is deterministic: no timing invo
 import pytest
 import torch
 
-from manytask.bench import engine_runner
-from manytask.config import validate
 from manytask.experiment import Experiment
-from manytask.kernels import KERNEL_METHODS, KernelCounter, counted, kernel_config, round_kernels
+from manytask.kernels import KERNEL_METHODS, counted, kernel_config, round_kernels
 
 
 def test_the_counter_counts_non_view_ops_and_host_syncs():
@@ -61,25 +59,11 @@ def test_matu_dispatches_about_as_many_kernels_for_32_clients_as_for_4_and_no_mo
 
 
 @pytest.mark.slow
-def test_mas_stages_dispatch_about_as_many_kernels_for_32_clients_as_for_4():
+@pytest.mark.parametrize("stage", ["mas-2 all-in-one", "mas-2 affinity", "mas-2 group"])
+def test_mas_stages_dispatch_about_as_many_kernels_for_32_clients_as_for_4(stage):
     """MAS-2's all-in-one round, its affinity round (the lookahead measured for every client at once) and a group
-    round train batched."""
-    def counts(clients: int) -> list[KernelCounter]:
-        config = validate({
-            "name": f"kernels-mas-{clients}", "method": {"name": "mas", "groups": 2, "r0": 2, "affinity_round": 2},
-            "rounds": 3, "seed": 0, "eval_every": 10, "reference": None,
-            "benchmark": {"name": "scenes", "tasks": "sdn", "size": 16, "train_per_task": 8 * clients, "test_size": 8,
-                          "styles": 2, "buildings": clients},
-            "federation": {"num_clients": clients, "tasks": {"kind": "all"}, "samples": {"kind": "natural"}},
-            "model": {"backbone": "cnn", "channels": [8, 16], "norm": "batch", "decoder": {"width": 8}},
-            "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_steps": 4, "batch_size": 8,
-                      "grad_clip": 1.0}})
-        rounds = []
-        with engine_runner(config) as run:
-            for _ in range(3):  # all-in-one, the affinity round, the first group round
-                rounds.append(counted(lambda: run(1)))
-        return rounds
-
-    for few, many in zip(counts(4), counts(32), strict=True):
-        assert many.ops <= 1.5 * few.ops, (few.ops, many.ops)
-        assert many.syncs == few.syncs, (few.syncs, many.syncs)
+    round train batched; their few host reads (the stage's bookkeeping) do not grow with the clients."""
+    method, plugins, (federation,), counted_round = KERNEL_METHODS[stage]
+    few, many = (round_kernels(kernel_config(method, plugins, n, federation), counted_round) for n in (4, 32))
+    assert many.ops <= 1.5 * few.ops, (few.ops, many.ops)
+    assert many.syncs == few.syncs, (few.syncs, many.syncs)

@@ -62,6 +62,8 @@ class KernelMethod(NamedTuple):
 
 
 TALOS = {"name": "talos", "head_rounds": 1}  # head-only, then its calibration round (1), then sparse rounds (2 on)
+# all-in-one rounds (0-2; the last measures the lookahead affinities), then the first group's rounds (3 on)
+MAS = {"name": "mas", "groups": 2, "r0": 3, "affinity_round": 3}
 HOST_FEDERATIONS = ("one-task", "multi-task", "dense")
 # the methods held to ≤ 1.5 kernels per round at 32 clients ÷ 4, each on the federations it runs on: the hosts
 # (issue 32), MaT-FL, and the methods that keep a model per client (issue 34) on one-task clients of one label space
@@ -84,6 +86,9 @@ KERNEL_METHODS: dict[str, KernelMethod] = {label: KernelMethod(*entry) for label
     "talos calibration": (TALOS, None, ("one-task", "multi-task"), 1),
     "talos sparse": (TALOS, None, ("one-task", "multi-task"), 2),
     "talos-partition sparse": ({**TALOS, "name": "talos-partition"}, None, ("one-task",), 2),
+    "mas-2 all-in-one": (MAS, None, ("shared",), 1),
+    "mas-2 affinity": (MAS, None, ("shared",), 2),
+    "mas-2 group": (MAS, None, ("shared",), 3),
 }.items()}
 DIGITS = {"benchmark": {"name": "digits-tasks", "tasks": ["digit", "parity", "rotated", "mod3"]},
           "model": {"backbone": "cnn", "channels": [8, 16], "hidden": 32, "norm": "batch"}}
@@ -97,6 +102,11 @@ FEDERATIONS: dict[str, Callable[[int], dict[str, Any]]] = {  # the workload's pa
                       "test_size": 8, "styles": 2, "images": "disjoint"},
         "federation": {"num_clients": clients, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
         "model": {"backbone": "cnn", "channels": [8, 16], "norm": "batch", "decoder": {"width": 8}}},
+    "shared": lambda clients: {  # scenes buildings: every client holds the sdn tasks of its own images (MAS's)
+        "benchmark": {"name": "scenes", "tasks": "sdn", "size": 16, "train_per_task": 8 * clients, "test_size": 8,
+                      "styles": 2, "buildings": clients},
+        "federation": {"num_clients": clients, "tasks": {"kind": "all"}, "samples": {"kind": "natural"}},
+        "model": {"backbone": "cnn", "channels": [8, 16], "norm": "batch", "decoder": {"width": 8}}},
     "personal": lambda clients: {  # rotated & masked digits: one task per client, all of one label space
         "benchmark": {"name": "rotated-masked-digits", "num_clients": clients, "patch_prob": 0.25},
         "federation": {"num_clients": clients, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
@@ -107,7 +117,8 @@ FEDERATIONS: dict[str, Callable[[int], dict[str, Any]]] = {  # the workload's pa
 def kernel_config(method: dict[str, Any], plugins: list[dict[str, Any]] | None, clients: int, federation: str,
                   execution: str = "auto") -> RunConfig:
     """The kernel workload: digits-tasks (4 tasks) and the small CNN with BatchNorm, or the nyud-like scenes and
-    its encoder–decoder (`dense`); gradient clipping, 4 local steps of batch 32 (8 for the 16×16 scenes), every
+    its encoder–decoder (`dense`, and `shared` for clients holding several of its tasks on their own images: MAS's);
+    gradient clipping, 4 local steps of batch 32 (8 for the 16×16 scenes), every
     client sampled, no evaluation in the rounds counted."""
     if plugins:  # one run: the plug-in wraps the method's entry (a config-level `plugins` list plans a comparison)
         (plugin,) = plugins
@@ -116,7 +127,7 @@ def kernel_config(method: dict[str, Any], plugins: list[dict[str, Any]] | None, 
         "name": f"kernels-{method['name']}-{clients}", "method": method, "rounds": 10, "seed": 0,
         **FEDERATIONS[federation](clients),
         "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_steps": 4,
-                  "batch_size": 8 if federation == "dense" else 32, "grad_clip": 1.0},
+                  "batch_size": 8 if federation in ("dense", "shared") else 32, "grad_clip": 1.0},
         "eval_every": 10, "reference": None, "execution": execution,
     })
 
