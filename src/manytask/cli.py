@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from manytask.errors import ManytaskError
+from manytask.extras import require
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False, help="Federated many-task learning.")
 # Piped output (CI, files) gets a wide console so comparison tables are not squeezed into 80 columns.
@@ -291,6 +292,7 @@ def local_cluster(
         import signal
         import time
 
+        require("flwr", "manytask flower local-cluster")
         from manytask.engine.flower.cluster import LocalCluster, TLSFiles
 
         # SIGTERM (and SIGINT, even where a shell started us with it ignored) stops the cluster cleanly.

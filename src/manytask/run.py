@@ -15,6 +15,7 @@ from manytask.engine.local import local_engine
 from manytask.engine.loop import RoundFailed, RoundObserver
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment, make_benchmark
+from manytask.extras import require
 from manytask.input_limits import shown_path
 from manytask.rundir import RunDir
 from manytask.summary import normalize
@@ -50,6 +51,8 @@ def run_config(
 ) -> Summaries | None:
     """Start a new run in `out`; returns the summaries by label, or None when stopped at `stop_after`."""
     experiments = plan(config)
+    if config.engine in FLOWER_ENGINES:  # before anything is written
+        require("flwr", f"engine {config.engine}")
     if config.is_comparison:
         root = RunDir(out)
         root.create()
@@ -134,8 +137,13 @@ class NamedObserver:
         self.inner.finished_round(row)
 
 
+FLOWER_ENGINES = ("flower-sim", "flower")
+
+
 def engine_for(exp: Experiment, run_dir: RunDir, observer: RoundObserver | None) -> Callable[[int | None], Any]:
     """The `run(stop_after)` of the engine the config names (Flower is imported only when asked for)."""
+    if exp.config.engine in FLOWER_ENGINES:
+        require("flwr", f"engine {exp.config.engine}")
     if exp.config.engine == "flower-sim":
         from manytask.engine.flower.simulation import run_flower_simulation
 

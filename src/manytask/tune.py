@@ -32,6 +32,7 @@ from manytask.config import RunConfig, TuneConfig, method_label, split_method, s
 from manytask.engine.loop import RoundFailed, RoundObserver
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment, make_benchmark
+from manytask.extras import require
 from manytask.methods.registry import METHODS, PLUGINS
 from manytask.rundir import RunDir
 from manytask.search_space import TRAIN_PREFIX, Dimension, Space, parse_dimension, train_space
@@ -286,6 +287,7 @@ def _shown(value: Any) -> str:
 
 def tune(config: RunConfig, out: Path, observer: RoundObserver | None = None, progress: Progress = print) -> Path:
     """Tune `config`'s members into the directory `out` (created, or resumed when it holds this config's study)."""
+    require("optuna", "manytask tune")  # before anything is written
     out = Path(out)
     saved = out / "config.yaml"
     if saved.is_file():

@@ -33,6 +33,7 @@ from torch import Tensor
 from manytask.benchmarks.base import Benchmark
 from manytask.benchmarks.registry import register_benchmark
 from manytask.errors import ManytaskError
+from manytask.extras import require
 from manytask.registry import Params
 from manytask.seeding import numpy_rng
 from manytask.tasks.task import Task, classification_task
@@ -75,10 +76,7 @@ def _images_under(directory: Path) -> list[Path]:
 
 def load_images(paths: list[Path], size: int) -> Tensor:
     """Float tensor `[N, 3, size, size]` in [0, 1]: RGB, shorter side resized to `size` (bicubic), center crop."""
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ManytaskError("reading image folders needs Pillow; install pillow (pip install pillow).") from None
+    Image = require("PIL.Image", "reading image folders")
 
     out = torch.empty((len(paths), 3, size, size), dtype=torch.float32)
 

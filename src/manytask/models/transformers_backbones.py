@@ -30,10 +30,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from torch import Tensor, nn
 
 from manytask.errors import ManytaskError
+from manytask.extras import require
 from manytask.models.backbones import BACKBONES
 from manytask.registry import Params
 
@@ -65,7 +66,17 @@ def prepare_images(x: Tensor, size: int, mean: Sequence[float], std: Sequence[fl
     return (x - mean_t) / std_t
 
 
-class ViTParams(Params):
+class TransformersParams(Params):
+    """A backbone built with Hugging Face transformers: its params refuse to validate without it, so a config naming
+    it stops before anything is written."""
+
+    @model_validator(mode="after")
+    def _installed(self) -> TransformersParams:
+        _import_transformers()
+        return self
+
+
+class ViTParams(TransformersParams):
     image_size: int = Field(224, ge=1)
     patch_size: int = Field(32, ge=1)
     hidden_size: int = Field(768, ge=1)
@@ -86,7 +97,7 @@ class ViTParams(Params):
         return heads
 
 
-class SwinParams(Params):
+class SwinParams(TransformersParams):
     image_size: int = Field(224, ge=1)
     patch_size: int = Field(4, ge=1)
     embed_dim: int = Field(96, ge=1)
@@ -128,14 +139,7 @@ def _image_channels(input_shape: tuple[int, ...], name: str) -> None:
 
 
 def _import_transformers() -> Any:
-    try:
-        import transformers
-    except ImportError:
-        raise ManytaskError(
-            "the vit and swin backbones need Hugging Face transformers; install transformers "
-            "(pip install transformers)."
-        ) from None
-    return transformers
+    return require("transformers", "the vit and swin backbones")
 
 
 def load_pretrained(model_class: Any, config: Any, weights: str, **kwargs: Any) -> Any:

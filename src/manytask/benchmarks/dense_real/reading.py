@@ -32,6 +32,7 @@ from torch import Tensor
 
 from manytask.benchmarks.base import Benchmark
 from manytask.errors import ManytaskError
+from manytask.extras import require
 from manytask.registry import Params
 from manytask.seeding import numpy_rng
 from manytask.tasks.dense_metrics import IGNORE_INDEX
@@ -106,10 +107,7 @@ def read_id_list(path: Path, what: str) -> list[str]:
 def read_png_mode(path: Path, convert: str | None = None) -> tuple[np.ndarray, str]:
     """The pixel array of an image file as stored ((H, W) for grey, palette and 16-bit images, (H, W, C) for
     colour) and its Pillow mode (e.g. 'I;16' for 16-bit grey), or converted to mode `convert` first."""
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ManytaskError("reading the dense datasets needs Pillow; install pillow (pip install pillow).") from None
+    Image = require("PIL.Image", "reading the dense datasets")
     try:
         with Image.open(path) as image:
             image = image.convert(convert) if convert else image
