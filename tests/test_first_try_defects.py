@@ -4,6 +4,7 @@ import importlib
 import sys
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from manytask.cli import app
@@ -46,3 +47,27 @@ def test_require_names_the_extra_only_for_the_missing_module_itself(monkeypatch)
     with pytest.raises(ManytaskError, match=r"^manytask tune needs optuna, which the 'tune' extra installs"):
         require("optuna", "manytask tune")
     assert require("json", "anything").dumps([1]) == "[1]"
+
+
+def test_the_comparison_fits_an_80_column_terminal_and_report_md_keeps_every_column(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    import manytask.cli as cli
+    from manytask.report import comparison_rows, load_runs
+    from tests.conftest import small_config_dict
+
+    out, config = tmp_path / "cmp", tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump(small_config_dict(method=["fedavg", "local"], rounds=1)))
+    assert CliRunner().invoke(app, ["run", str(config), "--out", str(out), "--quiet"]).exit_code == 0
+    headers, rows = comparison_rows(load_runs([out / "fedavg", out / "local"]))
+    assert len(headers) >= 12  # the table that wrapped into noise
+    monkeypatch.setattr(cli, "out_console", Console(width=80))
+    result = CliRunner().invoke(app, ["compare", str(out / "fedavg"), str(out / "local")])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, result.stdout
+    for row in rows:  # each run's row on one line, its label and average unbroken
+        assert any(row[0] in line and row[headers.index("average")] in line for line in lines), (row, result.stdout)
+    assert "columns left out for this terminal's width; report.md has them all" in " ".join(result.stdout.split())
+    report = (out / "report.md").read_text()
+    assert "| " + " | ".join(headers) + " |" in report

@@ -326,21 +326,32 @@ def _print_comparison(run_dirs: list[Path], base: str | None = None) -> None:
     from manytask.report.delta import delta_table, resolve_base
     from manytask.report.plugins import plugin_table
     from manytask.report.seeds import NOISE_NOTE, seed_table
-    from manytask.report.tables import energy_footnote
+    from manytask.report.tables import energy_footnote, fit_columns
+
+    def show(headers: list[str], rows: list[list[str]], title: str, caption: str | None = None) -> None:
+        """A table with the columns the terminal's width holds; a caption says what report.md adds (the energy
+        note goes with the energy column)."""
+        shown, kept, left_out = fit_columns(headers, rows, out_console.width)
+        if "energy" in headers and "energy" not in shown:
+            caption = None
+        if left_out:
+            note = f"{left_out} of {len(headers)} columns left out for this terminal's width; report.md has them all"
+            caption = note if caption is None else f"{caption}\n{note}"
+        out_console.print(rich_table(shown, kept, title, caption=caption))
 
     records = load_runs(run_dirs)
     seeds = seed_table(records, base, max_task_columns=TERMINAL_TASK_COLUMNS)
     if seeds is not None:
-        out_console.print(rich_table(*seeds, "over seeds", caption=NOISE_NOTE))
+        show(*seeds, "over seeds", caption=NOISE_NOTE)
         base = None  # Δ% against the base is in the seeds' table, seed by seed
     reference = None if base is None else resolve_base(records, base)
     headers, rows = comparison_rows(records, max_task_columns=TERMINAL_TASK_COLUMNS)
-    out_console.print(rich_table(headers, rows, "comparison", caption=energy_footnote(records)))
+    show(headers, rows, "comparison", caption=energy_footnote(records))
     plugins = plugin_table(records)
     if plugins is not None:
-        out_console.print(rich_table(*plugins, "plug-ins against their hosts (Δ%)"))
+        show(*plugins, "plug-ins against their hosts (Δ%)")
     if reference is not None:
-        out_console.print(rich_table(*delta_table(records, reference), f"Δ% against {reference.label}"))
+        show(*delta_table(records, reference), f"Δ% against {reference.label}")
 
 
 def main() -> None:

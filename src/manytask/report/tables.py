@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -181,6 +182,36 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
         *("| " + " | ".join(_cell(c) for c in row) + " |" for row in rows),
     ]
     return "\n".join(lines) + "\n"
+
+
+# the comparison's columns a narrow terminal leaves out first, in this order; then task columns, right to left. The
+# first column (the run) and the averages stay.
+DROP_FIRST = ("energy", "client compute s", "wall s", "total bytes", "bits/task/round", "total test loss",
+              "normalized")
+KEEP = ("average",)
+
+
+def _column_width(header: str, cells: Sequence[str]) -> int:
+    """Characters a column takes at its narrowest without cutting anything: its widest cell or header word, plus
+    one space either side and a border."""
+    return max([len(word) for word in header.split()] + [len(str(c)) for c in cells]) + 3
+
+
+def fit_columns(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int
+                ) -> tuple[list[str], list[list[str]], int]:
+    """The table's columns that fit `width` characters at their narrowest, their headers wrapped to that width (so
+    that rich has nothing to shrink: it would cut words), and how many were left out (`DROP_FIRST`, then other
+    columns right to left; never the first column or `KEEP`)."""
+    keep = list(range(len(headers)))
+    widths = [_column_width(h, [row[i] for row in rows]) for i, h in enumerate(headers)]
+    order = [i for name in DROP_FIRST for i, h in enumerate(headers) if h == name]
+    order += [i for i in reversed(range(1, len(headers))) if i not in order and headers[i] not in KEEP]
+    for index in order:
+        if 1 + sum(widths[i] for i in keep) <= width:
+            break
+        keep.remove(index)
+    shown = [textwrap.fill(headers[i], widths[i] - 3, break_long_words=False) for i in keep]
+    return shown, [[row[i] for i in keep] for row in rows], len(headers) - len(keep)
 
 
 def rich_table(
