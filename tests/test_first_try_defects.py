@@ -71,3 +71,23 @@ def test_the_comparison_fits_an_80_column_terminal_and_report_md_keeps_every_col
     assert "columns left out for this terminal's width; report.md has them all" in " ".join(result.stdout.split())
     report = (out / "report.md").read_text()
     assert "| " + " | ".join(headers) + " |" in report
+
+
+def test_calibrate_mask_takes_a_plain_classifier_and_an_iterator_of_inputs():
+    import torch
+    from torch import nn
+
+    from manytask.methods.talos import calibrate_mask
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    inputs = (torch.randn(5, 6) for _ in range(3))  # a generator: read once
+    masks = calibrate_mask(model, inputs, sparsity=0.75, rounds=3)
+    assert set(masks) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert all(masks[n].shape == p.shape and masks[n].dtype == torch.bool for n, p in model.named_parameters())
+    total = sum(m.numel() for m in masks.values())
+    assert sum(int(m.sum()) for m in masks.values()) == total - round(0.75 * total)  # (1 − ρ*) left trainable
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    only_first = calibrate_mask(model, [torch.randn(5, 6)], sparsity=0.5, rounds=2, scored=[r"^0\."])
+    assert set(only_first) == {"0.weight", "0.bias"}

@@ -33,13 +33,14 @@ EXCLUDED = re.compile(r"embeddings|cls_token|position|(^|\.)layernorm\.")
 Masks = dict[str, Tensor]
 
 
-def scored_parameters(model: nn.Module, scored: Sequence[str] | None = None) -> list[str]:
-    """Names of the trainable backbone parameters TaLoS scores: those matching one of the `scored` regular
-    expressions, or by default every one outside `EXCLUDED`."""
+def scored_parameters(model: nn.Module, scored: Sequence[str] | None = None, prefix: str = BACKBONE_PREFIX
+                      ) -> list[str]:
+    """Names of the trainable parameters under `prefix` (the backbone's) TaLoS scores: those matching one of the
+    `scored` regular expressions, or by default every one outside `EXCLUDED`."""
     patterns = None if scored is None else [re.compile(p) for p in scored]
     names = []
     for name, param in model.named_parameters():
-        if not param.requires_grad or not name.startswith(BACKBONE_PREFIX):
+        if not param.requires_grad or not name.startswith(prefix):
             continue
         wanted = not EXCLUDED.search(name) if patterns is None else any(p.search(name) for p in patterns)
         if wanted:
@@ -165,13 +166,41 @@ def nested_calibration(
     return {name: ~mask for name, mask in sensitive.items()}
 
 
+class _AsBackbone(nn.Module):
+    """A plain classifier (inputs -> logits) seen as the project's model: its parameters under `backbone.`, its
+    forward ignoring the task."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.backbone = module
+
+    def forward(self, x: Tensor, task: str = "") -> Tensor:
+        return self.backbone(x)
+
+
 def calibrate_mask(
-    model: nn.Module, batches: Sequence[tuple[str, Tensor]], sparsity: float, rounds: int = 10,
+    model: nn.Module, batches: Iterable[tuple[str, Tensor] | Tensor], sparsity: float, rounds: int = 10,
     soft_zero: float = 0.01, scored: Sequence[str] | None = None, per_layer: bool = False, raw_logit: bool = False,
     seed: int = 0,
 ) -> Masks:
-    """The TaLoS mask of `model` on calibration `batches` ((task, inputs) pairs): parameter name -> bool tensor,
-    True = among the least sensitive (1 − ρ*) fraction = trainable. The model's weights are as they were after."""
+    """The TaLoS mask of `model` on calibration `batches`: parameter name -> bool tensor, True = among the least
+    sensitive (1 − ρ*) fraction = trainable. The model's weights are as they were after.
+
+    `model` is the project's (a backbone with heads: `batches` are (task, inputs) pairs, and the backbone's
+    parameters are scored) or any classifier module taking a batch of inputs to logits (`batches` are input
+    tensors, or (anything, inputs) pairs, and all its parameters are scored, less `EXCLUDED` or as `scored` says,
+    by its own parameter names)."""
+    if not hasattr(model, "heads"):
+        wrapped = _AsBackbone(model)
+        exact = [f"^{re.escape(BACKBONE_PREFIX + name)}$" for name in scored_parameters(model, scored, prefix="")]
+        pairs = [("", b) if isinstance(b, Tensor) else b for b in batches]
+        masks = _calibrate(wrapped, pairs, sparsity, rounds, soft_zero, exact, per_layer, raw_logit, seed)
+        return {name.removeprefix(BACKBONE_PREFIX): mask for name, mask in masks.items()}
+    return _calibrate(model, list(batches), sparsity, rounds, soft_zero, scored, per_layer, raw_logit, seed)
+
+
+def _calibrate(model: nn.Module, batches: Sequence[tuple[str, Tensor]], sparsity: float, rounds: int,
+               soft_zero: float, scored: Sequence[str] | None, per_layer: bool, raw_logit: bool, seed: int) -> Masks:
     check_calibration(sparsity, rounds)
     names = scored_parameters(model, scored)
     params = dict(model.named_parameters())
