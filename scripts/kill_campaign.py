@@ -16,8 +16,9 @@ Both kinds of run are covered: a single FedAvg run and a FedAvg-vs-Local compari
 `threads: 1`). Every kill is resumed with `manytask run --resume DIR`; a directory without config.yaml, which
 `--resume` refuses, is started again with `manytask run CONFIG --out DIR`. The resumed run must have the uninterrupted
 metric rows (less the clock's `wall_seconds`, `client_seconds` and `energy_joules`) and the same summaries (less
-their clock fields). In full mode, a few resumes are themselves killed (at unlink, the metrics rewrite, the first
-append and the first checkpoint rename) and resumed again.
+their clock fields and the provenance of the process that finished them). In full mode, a few resumes are
+themselves killed (at unlink, the metrics rewrite, the first append and the first checkpoint rename) and resumed
+again.
 
 Prints a table and "N kills, M resumed to the uninterrupted numbers"; exits 1 when any kill missed its call or any
 resumed run differs or keeps files the uninterrupted run does not have (leftovers)."""
@@ -54,7 +55,8 @@ threads: 1
 METHODS = {"single": ["fedavg"], "comparison": ["fedavg", "local"]}
 TRACED = ("mkdir", "openat", "write", "ftruncate", "rename", "renameat", "renameat2", "unlink", "unlinkat")
 ROW_CLOCK = ("wall_seconds", "client_seconds", "energy_joules")
-SUMMARY_CLOCK = ("wall_seconds", "client_compute_seconds", "energy_joules")
+# and the provenance, which names the process that finished the run (a resumed run's command line is --resume)
+SUMMARY_CLOCK = ("wall_seconds", "client_compute_seconds", "energy_joules", "provenance")
 KILLED_PHASES = re.compile(r"^(create|(\w+ )?round [12]|(\w+ )?summary|comparison summary)$")
 # --quick: (kind, phase, syscall, path) of six kills, renames and writes, in both kinds of run; each kills the first
 # call that matches it (a checkpoint is written in several calls: the first leaves a torn temporary).

@@ -8,6 +8,7 @@ from typing import Any
 from manytask.config import plugin_label, split_plugin
 from manytask.energy import energy_totals
 from manytask.experiment import Experiment
+from manytask.provenance import provenance
 
 
 def average_main_metric(metrics: Mapping[str, Mapping[str, float]], main: Mapping[str, str]) -> float:
@@ -77,6 +78,7 @@ def build_summary(
         "adversaries": None if config.adversaries is None else {
             **config.adversaries.model_dump(mode="json", exclude_none=True),
             "attackers": sorted(experiment.adversary_clients)},
+        "provenance": provenance(config.device),  # of the process that finished the run
     }
 
 

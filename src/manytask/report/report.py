@@ -245,7 +245,22 @@ def _single_report(
         *([] if base is None else _delta_section([record], base)),
         "## Plots\n",
         *(_image(title, path, root) for title, path in images),
+        *_provenance_section(record),
     ])
+
+
+def _provenance_section(record: RunRecord) -> list[str]:
+    """Where the numbers came from (summary.json's `provenance`; a run made before it was recorded has none)."""
+    facts = record.summary.get("provenance")
+    if not facts:
+        return []
+    commit = facts.get("git_commit")
+    changes = " with uncommitted changes" if facts.get("git_dirty") else ""
+    code = f"{facts.get('manytask')}" + ("" if commit is None else f", git {commit[:12]}{changes}")
+    return ["## Provenance\n", _bullets([
+        ("manytask", code), ("Python", facts.get("python")), ("torch", facts.get("torch")),
+        ("Flower", facts.get("flwr") or "not installed"), ("device", facts.get("device")),
+        ("platform", facts.get("platform")), ("command", f"`{facts.get('command')}`")])]
 
 
 def _delta_section(records: list[RunRecord], base: RunRecord) -> list[str]:
@@ -305,6 +320,7 @@ def _comparison_report(
         *(_image(title, path, root) for title, path in images),
         "## Runs\n",
         *(_run_section(record) for record in records),
+        *(_provenance_section(records[0]) if records else []),
     ])
 
 
