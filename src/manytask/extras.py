@@ -9,8 +9,7 @@ from types import ModuleType
 from manytask.errors import ManytaskError
 
 # the extra that installs each optional top-level module
-EXTRA_OF = {"optuna": "tune", "flwr": "flower", "transformers": "vision", "peft": "vision", "PIL": "vision",
-            "zeus": "energy"}
+EXTRA_OF = {"optuna": "tune", "flwr": "flower", "transformers": "vision", "PIL": "vision"}
 
 
 def missing_extra(feature: str, module: str) -> ManytaskError:

@@ -26,6 +26,8 @@ Summaries = dict[str, dict[str, Any]]
 def plan(config: RunConfig) -> list[Experiment]:
     """Build every member experiment (validating all of them) without touching the disk: each method entry, once
     per seed when the config has `seeds` (seed by seed, so every method's first seed finishes early)."""
+    if config.engine in FLOWER_ENGINES:
+        require("flwr", f"engine {config.engine}")
     labels = [method_label(m) for m in config.methods]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
@@ -51,8 +53,6 @@ def run_config(
 ) -> Summaries | None:
     """Start a new run in `out`; returns the summaries by label, or None when stopped at `stop_after`."""
     experiments = plan(config)
-    if config.engine in FLOWER_ENGINES:  # before anything is written
-        require("flwr", f"engine {config.engine}")
     if config.is_comparison:
         root = RunDir(out)
         root.create()
@@ -142,8 +142,6 @@ FLOWER_ENGINES = ("flower-sim", "flower")
 
 def engine_for(exp: Experiment, run_dir: RunDir, observer: RoundObserver | None) -> Callable[[int | None], Any]:
     """The `run(stop_after)` of the engine the config names (Flower is imported only when asked for)."""
-    if exp.config.engine in FLOWER_ENGINES:
-        require("flwr", f"engine {exp.config.engine}")
     if exp.config.engine == "flower-sim":
         from manytask.engine.flower.simulation import run_flower_simulation
 

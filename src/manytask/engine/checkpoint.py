@@ -285,9 +285,7 @@ def _checksum(tensors: dict[str, Tensor], meta_text: str) -> str:
     records = []
     for name in sorted(tensors):
         value = tensors[name]
-        if value.device.type != "cpu" or not value.is_contiguous():  # never so from save_checkpoint or safetensors
-            value = _packed(value)
-        data = _raw_bytes(value)
+        data = _raw_bytes(_packed(value))
         records.append([name, str(value.dtype), list(value.shape), len(data), zlib.crc32(data)])
     return hashlib.sha256(json.dumps([records, meta_text]).encode()).hexdigest()
 
@@ -302,9 +300,7 @@ def _digest(tensors: dict[str, Tensor], meta_text: str) -> str:
         sha.update(data)
 
     for name in sorted(tensors):
-        value = tensors[name]
-        if value.device.type != "cpu" or not value.is_contiguous():  # never so from save_checkpoint or safetensors
-            value = _packed(value)
+        value = _packed(tensors[name])
         chunk(json.dumps([name, str(value.dtype), list(value.shape)]).encode())
         chunk(_raw_bytes(value))
     chunk(meta_text.encode())

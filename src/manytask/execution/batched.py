@@ -175,8 +175,9 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
     passed = Pyramid(backbone) if dense else backbone  # a dense round's pass gives the feature pyramid
     prefix = Pyramid.PREFIX if dense else ""
     config = trainer.config
-    probes = stacked_probes(round_, steps, config.lr_at(round_index, total_rounds))
-    optimizer = batched_optimizer(config, config.lr_at(round_index, total_rounds), round_.masks(leaves))
+    lr = config.lr_at(round_index, total_rounds)
+    probes = stacked_probes(round_, steps, lr)
+    optimizer = batched_optimizer(config, lr, round_.masks(leaves))
     autocast = config.autocast(device)
     names = list(leaves)
     group_of = {n: i for i, g in enumerate(round_.groups) for n in names if n.startswith(g.key(i, ""))}

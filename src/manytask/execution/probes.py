@@ -36,10 +36,10 @@ class StackedProbe:
         self.lr = lr
         self.client_tasks = [list(plan.data) for plan in round_.plans]
         self.tasks = list(dict.fromkeys(t for tasks in self.client_tasks for t in tasks))
-        place = {t: i for i, t in enumerate(self.tasks)}
+        self.place = {t: i for i, t in enumerate(self.tasks)}
         device = round_.device
         # every pair of the round in loss order (group by group), by client and task index
-        pairs = [(c, place[t]) for group in round_.groups for c, t, _ in group.pairs]
+        pairs = [(c, self.place[t]) for group in round_.groups for c, t, _ in group.pairs]
         self.pair_client = torch.tensor([c for c, _ in pairs], device=device)
         self.pair_task = torch.tensor([t for _, t in pairs], device=device)
         self.measured = [[probe.measures(s, len(tasks)) for s in range(count)]
@@ -62,7 +62,7 @@ class StackedProbe:
         base = torch.ones(active, size, dtype=losses.dtype, device=losses.device)
         base.index_put_((clients, tasks), losses.detach())
         after = torch.ones(active, size, size, dtype=losses.dtype, device=losses.device)
-        held = {self.tasks.index(t) for c in range(active) if chosen[c] for t in self.client_tasks[c]}
+        held = {self.place[t] for c in range(active) if chosen[c] for t in self.client_tasks[c]}
         shared = [live[n] for n in self.shared]
         for i in sorted(held):
             of_task = (tasks == i).to(losses.dtype)
@@ -85,7 +85,7 @@ class StackedProbe:
             if not count:
                 results.append(None)
                 continue
-            index = torch.tensor([self.tasks.index(t) for t in tasks], device=self.total.device)
+            index = torch.tensor([self.place[t] for t in tasks], device=self.total.device)
             results.append(self.total[c].index_select(0, index).index_select(1, index) / count)
         return results
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from manytask.errors import ManytaskError
+from manytask.extras import missing_extra
 
 QUIET_FLOWER = {
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -49,7 +50,7 @@ def flower_command(name: str) -> str:
     """Path of one of Flower's console scripts next to this interpreter."""
     found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     if found is None:
-        raise ManytaskError(f"'{name}' is not installed; install Flower with: pip install 'manytask[flower]'.")
+        raise missing_extra(f"'{name}'", "flwr")
     return found
 
 

@@ -53,6 +53,7 @@ def inner_product(theta: Tensor, gradient: Tensor) -> Tensor:
 
 INNER_PRODUCT_GRADIENT = LinearGradient(0.0, 1.0)  # ∂⟨g_k, θ_k⟩/∂θ_k = g_k
 
+
 def linear_term(params: Mapping[str, Tensor], gradients: Mapping[str, Tensor]) -> Tensor:
     """−Σ_k ⟨g_k, θ_k⟩, the linear part of FedDyn's local objective."""
     total = torch.zeros(())
