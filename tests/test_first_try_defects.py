@@ -91,3 +91,33 @@ def test_calibrate_mask_takes_a_plain_classifier_and_an_iterator_of_inputs():
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
     only_first = calibrate_mask(model, [torch.randn(5, 6)], sparsity=0.5, rounds=2, scored=[r"^0\."])
     assert set(only_first) == {"0.weight", "0.bias"}
+
+
+def test_the_default_jobs_samples_work_on_a_dense_benchmark_and_keep_the_digits_partition(tmp_path):
+    import numpy as np
+
+    from manytask.benchmarks.registry import build_benchmark
+    from manytask.config import default_config
+    from manytask.federation.builder import build_federation
+
+    federation = default_config()["federation"]
+    scenes = build_benchmark("scenes", {"size": 16, "train_per_task": 40, "test_size": 8}, seed=0)
+    split = build_federation(scenes, federation["num_clients"], federation["tasks"], federation["samples"], seed=0)
+    for task in scenes.task_names:  # no labels to skew: each holder's share, split IID, covers the task once
+        held = np.concatenate([client[task] for client in split.clients if task in client])
+        assert np.array_equal(np.sort(held), np.arange(40))
+    digits = build_benchmark("digits-tasks", {"tasks": ["digit", "parity"], "holdout": 0.3}, seed=0)
+    skewed = {**federation["samples"], "kind": "dirichlet"}
+    ours = build_federation(digits, 10, federation["tasks"], federation["samples"], seed=0)
+    theirs = build_federation(digits, 10, federation["tasks"], skewed, seed=0)
+    assert all(a.keys() == b.keys() and all(np.array_equal(a[t], b[t]) for t in a)
+               for a, b in zip(ours.clients, theirs.clients, strict=True))
+
+
+def test_the_default_job_runs_on_scenes_with_only_the_benchmark_and_the_model_swapped(tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, [
+        "run", "benchmark={name: scenes, size: 16, train_per_task: 40, test_size: 8}",
+        "model={backbone: cnn, channels: [4, 8, 8]}", "method=[fedavg]", "rounds=1", "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert (out / "summary.json").exists()

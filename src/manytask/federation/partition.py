@@ -175,6 +175,16 @@ def _dirichlet(samples: TaskSamples, params: DirichletParams, rng: np.random.Gen
     return dirichlet_label_partition(labels, samples.shares, params.zeta, rng, params.min_size)
 
 
+@SAMPLE_PARTITIONERS.register(
+    "label-skew", DirichletParams, "dirichlet on tasks with class labels, iid on tasks without (any benchmark)"
+)
+def _label_skew(samples: TaskSamples, params: DirichletParams, rng: np.random.Generator) -> list[np.ndarray]:
+    # Regression and dense tasks have no label to skew; a default must still work on every benchmark.
+    if samples.labels is None:
+        return _iid(samples, params, rng)
+    return _dirichlet(samples, params, rng)
+
+
 @SAMPLE_PARTITIONERS.register("shards", ShardParams, "label shards: ≤ classes_per_client classes per holder")
 def _shards(samples: TaskSamples, params: ShardParams, rng: np.random.Generator) -> list[np.ndarray]:
     labels = _labels_of(samples, "shards")
