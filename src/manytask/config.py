@@ -23,6 +23,7 @@ from manytask.engine.adversaries import AdversaryConfig
 from manytask.errors import ManytaskError, clipped
 from manytask.input_limits import load_limited, read_config_text, shown_path
 from manytask.registry import Params
+from manytask.user_code import anchored, import_all
 
 Named = dict[str, Any]
 
@@ -80,6 +81,10 @@ class TuneConfig(Params):
 
 
 class RunConfig(Params):
+    imports: list[str] = Field(
+        default_factory=list, description="modules or .py files imported before the config is resolved: your own "
+        "methods and benchmarks (file paths relative to the config file; stored absolute)"
+    )
     name: str = "run"
     method: Named | list[Named]
     benchmark: Named
@@ -358,8 +363,11 @@ def _set_nested(data: dict[str, Any], path: list[str], value: Any) -> None:
 
 
 def validate(data: dict[str, Any]) -> RunConfig:
-    """Validate a raw config mapping; one sentence on the first problem."""
+    """Validate a raw config mapping; one sentence on the first problem. Its `imports` are imported first, so the
+    names they register resolve in every process that validates the config."""
     _check_values(data)
+    if "imports" in data:
+        data = {**data, "imports": import_all(data["imports"])}
     try:
         config = RunConfig(**data)
     except ValidationError as err:
@@ -431,6 +439,8 @@ def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None
 def resolve(config_path: str | None, overrides: list[str]) -> RunConfig:
     """The validated config from an optional YAML file (else the built-in default) plus overrides."""
     base = load_yaml(config_path) if config_path else default_config()
+    if config_path and "imports" in base:  # a file's imports are relative to the file, an override's to the cwd
+        base["imports"] = anchored(base["imports"], Path(config_path).resolve().parent)
     return validate(apply_overrides(base, overrides))
 
 

@@ -32,11 +32,14 @@ class Entry(Generic[T]):
 
 
 class Registry(Generic[T]):
-    """Name -> (object, Params model, one-line description)."""
+    """Name -> (object, Params model, one-line description). With an entry-point group, installed packages add names:
+    a name not registered yet is looked up among the group's entry points, whose loading registers it."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, entry_points: str | None = None) -> None:
         self.kind = kind
+        self.entry_points = entry_points
         self._entries: dict[str, Entry[T]] = {}
+        self._all_loaded = entry_points is None
 
     def register(self, name: str, params: type[Params] = Params, description: str = "") -> Callable[[T], T]:
         def decorate(target: T) -> T:
@@ -48,8 +51,14 @@ class Registry(Generic[T]):
         return decorate
 
     def get(self, name: str) -> Entry[T]:
+        if name not in self._entries and self.entry_points is not None:
+            from manytask.user_code import load_entry_point
+
+            if load_entry_point(self.entry_points, name) and name not in self._entries:
+                raise ManytaskError(f"the entry point '{name}' (group {self.entry_points}) loaded, but registered no "
+                                    f"{self.kind} '{name}'; its module must register it under that name.")
         if name not in self._entries:
-            raise unknown_choice(self.kind, name, list(self._entries))
+            raise unknown_choice(self.kind, name, self.names())
         return self._entries[name]
 
     def parse_params(self, name: str, values: dict[str, Any]) -> Params:
@@ -61,6 +70,11 @@ class Registry(Generic[T]):
             raise ManytaskError(describe_validation_error(err, f"{self.kind} '{name}'", entry.params)) from None
 
     def names(self) -> list[str]:
+        if not self._all_loaded:
+            from manytask.user_code import load_entry_points
+
+            self._all_loaded = True
+            load_entry_points(self.entry_points)
         return sorted(self._entries)
 
     def entries(self) -> list[Entry[T]]:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
 
+from manytask.benchmarks.rows import materialize
 from manytask.errors import ManytaskError, unknown_choice
 from manytask.tasks.task import Task, TaskSpec, classification_task
 
@@ -73,18 +74,19 @@ class Benchmark:
 
     @classmethod
     def from_datasets(
-        cls, name: str, tasks: Mapping[str, tuple[Dataset, Dataset]], description: str = ""
+        cls, name: str, tasks: Mapping[str, tuple[Any, Any]], description: str = "",
+        input_key: str | None = None, label_key: str | Mapping[str, str] | None = None,
     ) -> Benchmark:
-        """Classification tasks from `{task: (train_dataset, test_dataset)}` of (input, label) pairs.
+        """Classification tasks from `{task: (train_rows, test_rows)}`: torch Datasets, lists or Hugging Face
+        Datasets whose rows are (input, label) pairs or mappings with named fields, found among the usual names or
+        named by `input_key` / `label_key` (which may map each task to its own label field). Inputs may be tensors,
+        arrays, lists of numbers or PIL images (`benchmarks/rows.py` says how each is converted); anything else is
+        refused in one sentence.
 
-        The datasets are materialized into tensors once, so they should fit in memory."""
-        return cls.from_tensors(
-            name, {t: (*_materialize(train), *_materialize(test)) for t, (train, test) in tasks.items()}, description
-        )
-
-
-def _materialize(dataset: Dataset | Sequence) -> tuple[Tensor, Tensor]:
-    pairs = [dataset[i] for i in range(len(dataset))]  # type: ignore[arg-type]
-    xs = torch.stack([torch.as_tensor(np.asarray(x)) for x, _ in pairs])
-    ys = torch.as_tensor([int(y) for _, y in pairs])
-    return xs.float(), ys
+        The rows are materialized into tensors once, so they should fit in memory."""
+        arrays = {}
+        for task, (train, test) in tasks.items():
+            label = label_key.get(task) if isinstance(label_key, Mapping) else label_key
+            arrays[task] = (*materialize(train, f"task '{task}', train split", input_key, label),
+                            *materialize(test, f"task '{task}', test split", input_key, label))
+        return cls.from_tensors(name, arrays, description)

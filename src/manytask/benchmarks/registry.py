@@ -9,7 +9,7 @@ from manytask.benchmarks.base import Benchmark
 from manytask.registry import Params, Registry
 
 BenchmarkFactory = Callable[[Any, int], Benchmark]
-BENCHMARKS: Registry[BenchmarkFactory] = Registry("benchmark")
+BENCHMARKS: Registry[BenchmarkFactory] = Registry("benchmark", entry_points="manytask.benchmarks")
 
 
 def register_benchmark(name: str, params: type[Params] = Params, description: str = ""):

@@ -14,7 +14,7 @@ from manytask.registry import Params, Registry
 HOST, PERSONALIZED, MANY_TASK, SPARSE, REFERENCE = "host", "personalized", "many-task", "sparse", "reference"
 FAMILIES = (HOST, PERSONALIZED, MANY_TASK, SPARSE, REFERENCE)  # sparse: sparse fine-tuning of a pretrained model
 
-METHODS: Registry[MethodDef] = Registry("method")
+METHODS: Registry[MethodDef] = Registry("method", entry_points="manytask.methods")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class PluginDef:
             )
 
 
-PLUGINS: Registry[PluginDef] = Registry("plug-in")
+PLUGINS: Registry[PluginDef] = Registry("plug-in", entry_points="manytask.plugins")
 
 
 def register_method(name: str, method: MethodDef, params: type[Params] = Params, description: str = "") -> None:

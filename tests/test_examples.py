@@ -1,0 +1,68 @@
+"""examples/: a method and a benchmark of the user's own, named in a config's `imports`, through every path that
+rebuilds an experiment from its config — the CLI, --resume in a new process from another folder, workers, tune,
+Flower's simulation — and from Python (`manytask.run`)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import manytask
+from manytask.cli import SIGINT_AFTER_ROUND, app
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom.yaml"
+SHORT = ["rounds=4", "eval_every=2"]
+
+
+def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "manytask.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600, env={**os.environ, **(env or {})},
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def tasks(run_dir: Path) -> dict:
+    return {name: run["tasks"] for name, run in json.loads((run_dir / "summary.json").read_text())["runs"].items()}
+
+
+@pytest.mark.slow
+def test_the_example_stops_and_resumes_in_new_processes_to_the_numbers_python_gets(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cut = cli("run", str(EXAMPLE), *SHORT, "--out", str(tmp_path / "cut"), "--quiet", cwd=tmp_path,
+              env={SIGINT_AFTER_ROUND: "2"})
+    assert cut.returncode == 130, cut.stderr
+    resumed = cli("run", "--resume", str(tmp_path / "cut"), "--quiet", cwd=elsewhere)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = manytask.run(EXAMPLE, tmp_path / "whole", rounds=4, eval_every=2)
+    assert set(whole.summaries) == {"fedavgm-prox", "fedavg"}
+    assert tasks(tmp_path / "cut") == tasks(whole.path)
+    assert all(s["tasks"]["digit"]["accuracy"] > 0.5 for s in whole.summaries.values())  # chance is 0.1
+    assert [row["round"] for row in whole.metrics("fedavgm-prox")] == [1, 2, 3, 4]
+    assert manytask.load(tmp_path / "cut").config.imports == whole.config.imports
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [["workers=2"], ["engine=flower-sim", "method=[fedavgm-prox]"]],
+                         ids=["workers", "flower-sim"])
+def test_the_example_runs_where_other_processes_rebuild_it_from_its_config(extra, tmp_path):
+    result = CliRunner().invoke(app, ["run", str(EXAMPLE), *SHORT, *extra, "--out", str(tmp_path / "run"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    runs = summary.get("runs") or {"fedavgm-prox": summary}
+    assert all(run["tasks"]["parity"]["accuracy"] > 0.6 for run in runs.values()), runs
+
+
+@pytest.mark.slow
+def test_the_example_tunes_and_its_tuned_config_keeps_the_imports(tmp_path):
+    result = CliRunner().invoke(app, ["tune", str(EXAMPLE), "method=[fedavgm-prox]", "rounds=2", "--trials", "2",
+                                      "--out", str(tmp_path / "tune")])
+    assert result.exit_code == 0, result.output
+    tuning = json.loads((tmp_path / "tune" / "tuning.json").read_text())
+    assert tuning["members"]["fedavgm-prox"]["trials"]["complete"] == 2
+    assert set(tuning["members"]["fedavgm-prox"]["best"]) == {"train.lr", "mu", "beta"}
+    assert str(EXAMPLE.parent / "custom_method.py") in (tmp_path / "tune" / "tuned.yaml").read_text()
