@@ -63,6 +63,12 @@ class FlowerConfig(Params):
     sim_cpus: int = Field(default=2, ge=1, description="CPUs Ray may use (engine=flower-sim)")
 
 
+class MlflowConfig(Params):
+    tracking_uri: str | None = Field(default=None, description="an MLflow tracking URI (none: SQLite in the run "
+                                     "directory, mlflow.db)")
+    experiment: str | None = Field(default=None, description="the MLflow experiment's name (none: the config's name)")
+
+
 class TuneConfig(Params):
     """`manytask tune`: an equal budget of Optuna trials per member, scored on a validation split."""
 
@@ -138,6 +144,11 @@ class RunConfig(Params):
     adversaries: AdversaryConfig | None = Field(
         default=None, description="attack simulation: which clients corrupt their replies, and how"
     )
+    loggers: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list, description="experiment trackers that log every round, the config, the summary and the "
+        "report (each an optional extra)"
+    )
+    mlflow: MlflowConfig = MlflowConfig()
     tune: TuneConfig | None = Field(default=None, description="settings of manytask tune (ignored by run)")
     tuned: dict[str, Any] | None = Field(
         default=None, description="written by manytask tune: its budget, each member's space and best values"

@@ -9,7 +9,8 @@ from types import ModuleType
 from manytask.errors import ManytaskError
 
 # the extra that installs each optional top-level module
-EXTRA_OF = {"optuna": "tune", "flwr": "flower", "transformers": "vision", "PIL": "vision"}
+EXTRA_OF = {"optuna": "tune", "flwr": "flower", "transformers": "vision", "PIL": "vision", "tensorboard": "tensorboard",
+            "mlflow": "mlflow"}
 
 
 def missing_extra(feature: str, module: str) -> ManytaskError:

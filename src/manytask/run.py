@@ -17,8 +17,11 @@ from manytask.errors import ManytaskError
 from manytask.experiment import Experiment, make_benchmark
 from manytask.extras import require
 from manytask.input_limits import shown_path
+from manytask.report import write_report
 from manytask.rundir import RunDir
 from manytask.summary import normalize
+from manytask.trackers import tracking
+from manytask.trackers.session import check_loggers
 
 Summaries = dict[str, dict[str, Any]]
 
@@ -28,6 +31,7 @@ def plan(config: RunConfig) -> list[Experiment]:
     per seed when the config has `seeds` (seed by seed, so every method's first seed finishes early)."""
     if config.engine in FLOWER_ENGINES:
         require("flwr", f"engine {config.engine}")
+    check_loggers(config.loggers)
     labels = [method_label(m) for m in config.methods]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
@@ -59,7 +63,7 @@ def run_config(
         root.write_text(root.config, to_yaml(config))
     for exp in experiments:
         member_dir(config, out, exp).start(to_yaml(exp.config), exp.federation.to_json())
-    return _execute(config, experiments, out, observer, stop_after)
+    return _tracked(config, experiments, out, observer, stop_after)
 
 
 def resume(out: Path, observer: RoundObserver | None = None, stop_after: int | None = None) -> Summaries | None:
@@ -78,7 +82,7 @@ def resume(out: Path, observer: RoundObserver | None = None, stop_after: int | N
             member.start(to_yaml(exp.config), exp.federation.to_json())
         elif not member.federation.is_file():
             member.write_federation(exp.federation.to_json())
-    return _execute(config, experiments, out, observer, stop_after)
+    return _tracked(config, experiments, out, observer, stop_after)
 
 
 def stopped_runs(out: Path) -> list[Path]:
@@ -92,6 +96,25 @@ def stopped_runs(out: Path) -> list[Path]:
 
 def member_dir(config: RunConfig, out: Path, exp: Experiment) -> RunDir:
     return RunDir(out / member_name(config, exp)) if config.is_comparison else RunDir(out)
+
+
+def _tracked(
+    config: RunConfig, experiments: list[Experiment], out: Path, observer: RoundObserver | None,
+    stop_after: int | None,
+) -> Summaries | None:
+    """`_execute` with the config's trackers (`loggers`) told of every round and, at the end, of the summaries and
+    the report; a run that stops leaves its tracker runs to be continued by a resume."""
+    members = [(member_name(config, exp), member_dir(config, out, exp).path, exp.config) for exp in experiments]
+    trackers = tracking(config, out, members)
+    if trackers is None:
+        return _execute(config, experiments, out, observer, stop_after)
+    try:
+        summaries = _execute(config, experiments, out, trackers.observer(observer), stop_after)
+    except BaseException:
+        trackers.close(finished=False)
+        raise
+    trackers.finish(summaries, None if summaries is None else write_report(out))
+    return summaries
 
 
 def _execute(
