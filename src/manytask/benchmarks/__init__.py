@@ -6,6 +6,7 @@ from manytask.benchmarks import (  # noqa: F401  (imported to register them)
     dense_real,
     digits,
     fashion_mnist,
+    hf,
     images,
     label_skew,
     mnist,
