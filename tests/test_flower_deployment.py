@@ -238,3 +238,50 @@ def test_polls_for_replies_wait_a_share_of_the_rounds_age():
         ages.append(ages[-1] + wait(ages[-1]))
     assert 40 < len(ages) < 80
     assert all(later - earlier <= max(0.001, 0.05 * earlier) + 1e-12 for earlier, later in pairwise(ages))
+
+
+@pytest.mark.slow
+def test_supernodes_read_only_their_own_exported_partitions_and_a_wrong_folder_fails_its_node(tmp_path):
+    """export-partitions writes one folder per client and the server's test sets; each SuperNode gets only its own
+    folder (copied to a place of its own, the export's client folders then deleted), and the deployment gives the
+    local engine's numbers on the original config. A node given another client's folder, or none, fails that
+    client in one sentence, recorded in the run; the others finish the run."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from manytask.cli import app
+    from manytask.config import load_yaml
+
+    config = small_config_dict(federation=THREE_CLIENTS, rounds=2, eval_every=2, execution="sequential")
+    local = run_config(validate(config), tmp_path / "local")
+    source = tmp_path / "source.yaml"
+    source.write_text(json.dumps(config))
+    parts = tmp_path / "parts"
+    exported = CliRunner().invoke(app, ["export-partitions", str(source), str(parts)])
+    assert exported.exit_code == 0, exported.output
+    nodes = []
+    for k in range(3):  # each node's machine holds its own folder only
+        nodes.append(shutil.copytree(parts / f"client-{k}", tmp_path / f"machine-{k}" / "data"))
+        shutil.rmtree(parts / f"client-{k}")
+    from safetensors import safe_open
+
+    with safe_open(parts / "server" / "test.safetensors", "pt") as server:
+        assert all(key.startswith("test/") for key in server.keys())  # noqa: SIM118  (no client rows there)
+    deploy = load_yaml(parts / "config.yaml")
+
+    def on(cluster, **overrides):
+        return validate({**deploy, "engine": "flower", "flower": {"superlink": cluster.address, "round_timeout": 120},
+                         **overrides})
+
+    with LocalCluster(3, tmp_path / "cluster", data_paths=nodes) as cluster:
+        deployed = run_config(on(cluster), tmp_path / "flower")
+    assert deployed["fedavg"]["tasks"] == local["fedavg"]["tasks"]
+    assert deployed["fedavg"]["bytes_up"] == local["fedavg"]["bytes_up"]
+    with LocalCluster(3, tmp_path / "wrong", data_paths=[nodes[0], nodes[2], None]) as cluster:
+        run_config(on(cluster, rounds=1), tmp_path / "refused")
+    failures = [json.loads(line)["failures"] for line in (tmp_path / "refused" / "metrics.jsonl").read_text()
+                .splitlines()]
+    assert set(failures[0]) == {"1", "2"}, failures
+    assert f"data-path '{nodes[2]}' holds client 2's partition, not client 1's" in failures[0]["1"]
+    assert "this SuperNode (partition-id 2) has no data-path in its node config" in failures[0]["2"]

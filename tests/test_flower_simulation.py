@@ -142,3 +142,13 @@ def test_bench_times_flowers_simulation_against_the_local_engine(tmp_path):
     assert sim["ratio"] == pytest.approx(sim["flower_sim_s_per_round"] / sim["local_s_per_round"])
     assert sim["vectorized_ratio"] == pytest.approx(sim["flower_sim_s_per_round"] / sim["vectorized_s_per_round"])
     assert "Flower / local" in done.stdout and "Flower / vectorized" in done.stdout
+
+
+def test_the_users_own_method_and_benchmark_run_on_flowers_simulation(tmp_path):
+    """examples/custom.yaml's `imports` reach every Ray actor: each rebuilds the experiment from the config."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "custom.yaml"
+    done = run_in_netns("run", str(example), "rounds=4", "method=[fedavgm-prox]", "engine=flower-sim", "--out",
+                        str(tmp_path / "sim"), "--quiet")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["method"] == "fedavgm-prox" and summary["tasks"]["parity"]["accuracy"] > 0.6

@@ -186,6 +186,31 @@ def pretrain(
     _guarded(body)
 
 
+@app.command("export-partitions")
+def export_partitions(
+    args: Annotated[list[str], typer.Argument(help="CONFIG.yaml DIR [key=value ...]")],
+) -> None:
+    """Write each client's partition to DIR/client-<k> and the test sets to DIR/server, for a deployment whose
+    SuperNodes read only their own data (`--node-config "partition-id=k data-path=DIR/client-k"`); DIR/config.yaml
+    is the config to deploy."""
+    from manytask.benchmarks.exported import export_partitions as export
+    from manytask.config import resolve
+    from manytask.experiment import Experiment
+
+    def body() -> None:
+        paths = [a for a in args if "=" not in a]
+        if len(paths) != 2:
+            raise ManytaskError("export-partitions takes CONFIG.yaml and DIR, then key=value overrides.")
+        config = resolve(paths[0], [a for a in args if "=" in a])
+        if config.is_comparison:
+            raise ManytaskError("export-partitions takes a single-method config (a deployment runs one method).")
+        deployed = export(Experiment.build(config), Path(paths[1]))
+        out_console.print(f"partitions: {paths[1]}/client-<k> (one per SuperNode), test sets: {paths[1]}/server\n"
+                          f"config to deploy: {deployed}")
+
+    _guarded(body)
+
+
 @app.command("list")
 def list_choices() -> None:
     """Methods (by family), plug-ins and the hosts they wrap, benchmarks, partitioners and backbones."""
@@ -284,6 +309,9 @@ def local_cluster(
     tls_dir: Annotated[
         Path | None, typer.Option("--tls-dir", help="directory with ca.crt, server.pem, server.key: run with TLS")
     ] = None,
+    partitions: Annotated[
+        Path | None, typer.Option("--partitions", help="an export-partitions DIR: SuperNode k reads DIR/client-k")
+    ] = None,
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, print how to run against them, say when a SuperNode exits
     (and clean up after it), stop them on Ctrl-C."""
@@ -300,7 +328,8 @@ def local_cluster(
         signal.signal(signal.SIGTERM, signal.default_int_handler)
 
         tls = None if tls_dir is None else TLSFiles(tls_dir / "ca.crt", tls_dir / "server.pem", tls_dir / "server.key")
-        with LocalCluster(nodes, workdir, tls, port) as cluster:
+        data = None if partitions is None else [partitions / f"client-{k}" for k in range(nodes)]
+        with LocalCluster(nodes, workdir, tls, port, data) as cluster:
             certs = "" if tls is None else f" flower.root_certificates={tls.ca_cert}"
             out_console.print(
                 f"SuperLink on {cluster.address} with {nodes} SuperNodes (logs in {workdir}).\n"

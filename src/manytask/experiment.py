@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from manytask.benchmarks import Benchmark, build_benchmark
+from manytask.benchmarks.exported import FEDERATION_KEY
 from manytask.client.trainer import TaskData
 from manytask.config import RunConfig, method_label, split_method, split_plugin
 from manytask.engine.adversaries import attacking_clients
@@ -127,9 +128,21 @@ def make_benchmark(config: RunConfig) -> Benchmark:
 
 
 def make_federation(config: RunConfig, benchmark: Benchmark, pooled: bool) -> Federation:
+    fed = config.federation
+    exported = benchmark.metadata.get(FEDERATION_KEY)
+    if exported is not None:  # node-local data: the federation the partitions were exported with
+        if config.engine != "flower":
+            raise ManytaskError(f"exported partitions live on their SuperNodes, so they run on engine: flower (a "
+                                f"deployment), not engine: {config.engine}; run the original config there.")
+        if pooled:
+            raise ManytaskError("a pooled reference (centralized) needs every client's data in one place; exported "
+                                "partitions keep each on its node.")
+        if exported.num_clients != fed.num_clients:
+            raise ManytaskError(f"the export holds {exported.num_clients} clients, but federation.num_clients is "
+                                f"{fed.num_clients}.")
+        return exported
     if pooled:
         return Federation.pooled({n: t.num_train for n, t in benchmark.tasks.items()})
-    fed = config.federation
     return build_federation(benchmark, fed.num_clients, fed.tasks, fed.samples, config.seed)
 
 

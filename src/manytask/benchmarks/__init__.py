@@ -5,6 +5,7 @@ from manytask.benchmarks import (  # noqa: F401  (imported to register them)
     cifar100,
     dense_real,
     digits,
+    exported,
     fashion_mnist,
     hf,
     images,

@@ -1,17 +1,19 @@
 """Flower's ClientApp for every manytask method: a thin shell around `ClientRunner`.
 
 A SuperNode learns the run's config in the handshake (a `query` message), rebuilds the benchmark and federation
-from it locally, and keeps the client's state in Flower's `context.state` across rounds. Its client id is its
-node config's `partition-id`."""
+from it locally (or, with exported partitions, reads its own folder: `data-path` in its node config), and keeps the
+client's state in Flower's `context.state` across rounds. Its client id is its node config's `partition-id`."""
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import yaml
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from manytask.benchmarks.exported import check_node_folder
 from manytask.config import validate
 from manytask.engine.client_runner import ClientRunner, ClientState
 from manytask.engine.flower.records import (
@@ -25,6 +27,7 @@ from manytask.engine.flower.records import (
     payload_record,
     request,
 )
+from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
 from manytask.messages import Message as WireMessage
 from manytask.messages import as_bytes, decode, encode
@@ -43,7 +46,7 @@ def partition_id(context: Context) -> int:
 @app.query()
 def handshake(msg: Message, context: Context) -> Message:
     """Store the run's config and answer with this node's client id."""
-    config_text = str(control_of(msg.content)["config"])
+    config_text = node_local(str(control_of(msg.content)["config"]), context)
     context.state[CONFIG_RECORD] = ConfigRecord({"yaml": config_text})
     runner = _runner(config_text)
     client, num_clients = partition_id(context), runner.exp.federation.num_clients
@@ -69,6 +72,25 @@ def evaluate(msg: Message, context: Context) -> Message:
     runner, client = _runner_for(context), partition_id(context)
     metrics = runner.evaluate(client, data_of(msg.content), _load_state(context))
     return Message(RecordDict({METRICS_RECORD: metrics_record(metrics)}), reply_to=msg)
+
+
+def node_local(config_text: str, context: Context) -> str:
+    """The run's config as this node builds it: with exported partitions (`benchmark: exported`), the benchmark
+    reads the node's own folder (`data-path` in its node config), checked to hold this client's partition."""
+    config = yaml.safe_load(config_text)
+    benchmark = config.get("benchmark")
+    if not isinstance(benchmark, dict) or benchmark.get("name") != "exported":
+        return config_text
+    path = context.node_config.get("data-path")
+    if not path:
+        raise ValueError(f"the run reads node-local data, but this SuperNode (partition-id {partition_id(context)}) "
+                         "has no data-path in its node config")
+    try:
+        check_node_folder(Path(str(path)), str(benchmark.get("export")), partition_id(context))
+    except ManytaskError as err:
+        raise ValueError(str(err)) from None
+    config["benchmark"] = {**benchmark, "node": str(path)}
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 def _runner(config_text: str) -> ClientRunner:

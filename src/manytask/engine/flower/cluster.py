@@ -4,6 +4,7 @@ tests). Every daemon binds 127.0.0.1 only, is started with its own log file, and
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -88,10 +89,14 @@ def _wait_at_start(ready: Callable[[], bool], timeout: float, process: subproces
 
 
 class LocalCluster:
-    def __init__(self, nodes: int, workdir: Path, tls: TLSFiles | None = None, port: int | None = None) -> None:
+    def __init__(self, nodes: int, workdir: Path, tls: TLSFiles | None = None, port: int | None = None,
+                 data_paths: list[Path | None] | None = None) -> None:
         if nodes < 1:
             raise ManytaskError(f"a cluster needs at least one SuperNode, got {nodes}.")
+        if data_paths is not None and len(data_paths) != nodes:
+            raise ManytaskError(f"{len(data_paths)} data paths for {nodes} SuperNodes; give one per node.")
         self.nodes = nodes
+        self.data_paths = data_paths or [None] * nodes  # each node's `data-path` (exported partitions), or none
         self.workdir = Path(workdir)
         self.tls = tls
         self.port = port or free_port()
@@ -124,7 +129,7 @@ class LocalCluster:
         for index, port in enumerate(ports):
             self.supernodes.append(self._spawn(f"supernode{index}", [
                 flower_command("flower-supernode"), *node_security, "--superlink", self.address, "--host", HOST,
-                "--port", str(port), "--node-config", f"partition-id={index} num-partitions={self.nodes}",
+                "--port", str(port), "--node-config", self.node_config(index),
             ]))
         for index, (port, process) in enumerate(zip(ports, self.supernodes, strict=True)):
             wait_for_port(port, timeout, process, self._log(f"supernode{index}"))
@@ -133,6 +138,12 @@ class LocalCluster:
             # from here a run sees every node, and every node's process group is complete
             wait_for_log_line(REGISTERED, timeout, process, self._log(f"supernode{index}"))
         return self
+
+    def node_config(self, index: int) -> str:
+        """Flower's `--node-config` of SuperNode `index`: its partition, and its own data folder when it has one."""
+        config = f"partition-id={index} num-partitions={self.nodes}"
+        path = self.data_paths[index]
+        return config if path is None else f"{config} data-path={json.dumps(str(Path(path).resolve()))}"
 
     def kill_node(self, index: int) -> None:
         """SIGKILL one SuperNode (a crashed machine), for failure tests."""
