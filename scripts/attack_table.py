@@ -18,7 +18,7 @@ from typing import Any
 
 from manytask.config import default_config, validate
 from manytask.engine.loop import RoundFailed
-from manytask.run import resume, run_config
+from manytask.launch import resume, run_config
 
 
 def members(per_task: bool) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from manytask.config import validate
-from manytask.run import run_config
+from manytask.launch import run_config
 
 
 def bench_config(clients: int, rounds: int, engine: str) -> dict:

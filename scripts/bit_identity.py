@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from manytask.config import resolve
-from manytask.run import run_config
+from manytask.launch import run_config
 
 TIMING = {"seconds", "wall_s", "client_s", "compute_s", "energy_j", "time"}
 RUNS: dict[str, tuple[str | None, list[str]]] = {  # name -> (config, overrides)

@@ -61,7 +61,7 @@ def run_member(job: tuple[dict[str, Any], Path]) -> str:
     import torch
 
     from manytask.config import validate
-    from manytask.run import resume, run_config
+    from manytask.launch import resume, run_config
     from manytask.rundir import RunDir
 
     torch.set_num_threads(1)

@@ -20,7 +20,7 @@ from typing import Any
 
 from manytask.config import validate
 from manytask.engine.flower.cluster import LocalCluster
-from manytask.run import run_config
+from manytask.launch import run_config
 
 # -ww: ps otherwise cuts `args` at $COLUMNS where that is set (a CI runner may set it)
 PS_CHILDREN = ["ps", "-ww", "-o", "pid=,args=", "--ppid"]

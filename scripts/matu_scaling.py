@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from manytask.config import validate
-from manytask.run import run_config
+from manytask.launch import run_config
 
 
 def config(tasks_per_client: int, num_tasks: int) -> dict:

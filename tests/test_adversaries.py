@@ -169,8 +169,8 @@ def test_plausible_attacks_pass_screening_and_the_run_completes(tmp_path, attack
 
 
 def test_the_summary_and_report_name_the_attack_and_every_refused_client(tmp_path):
+    from manytask.launch import run_config
     from manytask.report.report import write_report
-    from manytask.run import run_config
 
     config = validate(small_config_dict(rounds=2, adversaries={"clients": [1], "attack": "garbage"}))
     summary = run_config(config, tmp_path / "run")["fedavg"]

@@ -17,7 +17,7 @@ from manytask.config import validate
 from manytask.engine.checkpoint import CHECKSUM_KEY, DIGEST_KEY, META_KEY, load_checkpoint, save_checkpoint
 from manytask.errors import ManytaskError
 from manytask.input_limits import shown_path
-from manytask.run import resume, run_config
+from manytask.launch import resume, run_config
 from tests.conftest import small_config_dict
 
 CONFIG = small_config_dict(rounds=3)

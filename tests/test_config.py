@@ -45,7 +45,7 @@ def test_missing_required_key_names_it():
 def test_a_method_may_override_train_settings_for_itself_only(tmp_path):
     import json
 
-    from manytask.run import run_config
+    from manytask.launch import run_config
 
     data = small_config_dict(method=["local", {"name": "local", "label": "fast", "train": {"lr": 0.2}}], rounds=1)
     config = validate(data)
@@ -70,7 +70,7 @@ def test_bad_method_train_overrides_are_one_clear_sentence(train, message):
 
 def test_a_plugin_wraps_a_host_and_labels_it():
     from manytask.config import method_label
-    from manytask.run import plan
+    from manytask.launch import plan
 
     config = validate(small_config_dict(method={"name": "fedprox", "mu": 0.01, "plugin": {"name": "dea", "rho": 0.3}}))
     (experiment,) = plan(config)
@@ -102,7 +102,7 @@ def test_plugins_cross_every_method_entry():
     ({"name": "fedavg", "plugin": {"rho": 0.3}}, r"'plugin' must be a name or a mapping with a 'name'"),
 ])
 def test_bad_plugins_are_one_clear_sentence(method, message):
-    from manytask.run import plan
+    from manytask.launch import plan
 
     with pytest.raises(ManytaskError, match=message):
         plan(validate(small_config_dict(method=method)))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from manytask.config import validate
-from manytask.run import resume, run_config
+from manytask.launch import resume, run_config
 from manytask.rundir import RunDir
 from tests.conftest import small_config_dict
 

@@ -13,8 +13,8 @@ from manytask.cli import app
 from manytask.config import validate
 from manytask.cross_eval import oracle
 from manytask.errors import ManytaskError
+from manytask.launch import run_config
 from manytask.report import write_report
-from manytask.run import run_config
 from tests.conftest import small_config_dict
 from tests.test_sfmtl import PERSONAL
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from manytask.config import default_config, validate
-from manytask.run import run_config
+from manytask.launch import run_config
 
 GOLDEN = json.loads((Path(__file__).parent / "default_job_golden.json").read_text())
 

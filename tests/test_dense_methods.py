@@ -8,8 +8,8 @@ import pytest
 
 from manytask.config import validate
 from manytask.errors import ManytaskError
+from manytask.launch import run_config
 from manytask.methods.registry import HOST, METHODS, PLUGINS
-from manytask.run import run_config
 
 NYUD_LIKE = {"semseg", "depth", "normals", "edge"}
 # Methods that share one whole model (head included) across one-task clients, keep per-class anchors, or sample

@@ -9,7 +9,7 @@ import pytest
 
 from manytask.config import apply_overrides, load_yaml, validate
 from manytask.errors import ManytaskError
-from manytask.run import run_config
+from manytask.launch import run_config
 from tests.dense_data_files import write_nyud, write_pascal
 
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ from manytask.devices import CPU, resolve_device
 from manytask.engine.client_runner import ClientRunner
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
-from manytask.run import run_config
+from manytask.launch import run_config
 
 HAS_CUDA = torch.cuda.is_available()
 CONFIG = {

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-import manytask.run
+import manytask.launch
 from manytask.benchmarks import Benchmark, build_benchmark
 from manytask.benchmarks.fashion_mnist import DEFAULT_ROOT as FASHION_MNIST_ROOT
 from manytask.config import RunConfig, load_yaml, validate
 from manytask.errors import ManytaskError
 from manytask.experiment import make_benchmark
-from manytask.run import plan
+from manytask.launch import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def fresh_cache(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("path", OFFLINE_CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
 def test_shipped_configs_validate_and_build(path, monkeypatch, fresh_cache):
-    monkeypatch.setattr(manytask.run, "make_benchmark", _benchmark_once)
+    monkeypatch.setattr(manytask.launch, "make_benchmark", _benchmark_once)
     monkeypatch.setenv("MANYTASK_CACHE", str(fresh_cache))
     data = load_yaml(path)
     model = data.get("model", {})

@@ -13,7 +13,7 @@ import yaml
 from manytask.cli import SIGINT_AFTER_ROUND
 from manytask.config import resolve, validate
 from manytask.engine.checkpoint import load_checkpoint
-from manytask.run import run_config
+from manytask.launch import run_config
 from tests.conftest import small_config_dict
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,10 +14,10 @@ import pytest
 from manytask import energy
 from manytask.config import validate
 from manytask.energy import EnergyMeter, ZeusMeter, available_meter, energy_totals
+from manytask.launch import run_config
 from manytask.report import comparison_rows, markdown_table, rich_table
 from manytask.report.runs import RunRecord
 from manytask.report.tables import energy_footnote, format_energy, total_test_loss
-from manytask.run import run_config
 from manytask.summary import total_test_loss as summary_total_test_loss
 from tests.conftest import small_config_dict
 

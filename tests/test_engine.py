@@ -7,7 +7,7 @@ import torch
 
 from manytask.config import validate
 from manytask.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from manytask.run import resume, run_config
+from manytask.launch import resume, run_config
 from tests.conftest import small_config_dict
 
 pytestmark = pytest.mark.slow

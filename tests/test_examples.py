@@ -16,7 +16,11 @@ import manytask
 from manytask.cli import SIGINT_AFTER_ROUND, app
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom.yaml"
-SHORT = ["rounds=4", "eval_every=2"]
+CLEARLY_LEARNED = {"shape": 1 / 3 + 0.25, "size": 1 / 2 + 0.25}  # chance + 25 points, after the 10 rounds
+
+
+def learned(tasks_of_a_run: dict) -> bool:
+    return all(tasks_of_a_run[task]["accuracy"] > bar for task, bar in CLEARLY_LEARNED.items())
 
 
 def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -33,25 +37,24 @@ def tasks(run_dir: Path) -> dict:
 def test_the_example_stops_and_resumes_in_new_processes_to_the_numbers_python_gets(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    cut = cli("run", str(EXAMPLE), *SHORT, "--out", str(tmp_path / "cut"), "--quiet", cwd=tmp_path,
-              env={SIGINT_AFTER_ROUND: "2"})
+    cut = cli("run", str(EXAMPLE), "--out", str(tmp_path / "cut"), "--quiet", cwd=tmp_path,
+              env={SIGINT_AFTER_ROUND: "4"})
     assert cut.returncode == 130, cut.stderr
     resumed = cli("run", "--resume", str(tmp_path / "cut"), "--quiet", cwd=elsewhere)
     assert resumed.returncode == 0, resumed.stderr
-    whole = manytask.run(EXAMPLE, tmp_path / "whole", rounds=4, eval_every=2)
+    whole = manytask.run(EXAMPLE, tmp_path / "whole")
     assert set(whole.summaries) == {"fedavgm-prox", "fedavg"}
     assert tasks(tmp_path / "cut") == tasks(whole.path)
-    assert all(s["tasks"]["digit"]["accuracy"] > 0.5 for s in whole.summaries.values())  # chance is 0.1
-    assert [row["round"] for row in whole.metrics("fedavgm-prox")] == [1, 2, 3, 4]
+    assert all(learned(s["tasks"]) for s in whole.summaries.values()), whole.summaries
+    assert [row["round"] for row in whole.metrics("fedavgm-prox")] == list(range(1, 11))
     assert manytask.load(tmp_path / "cut").config.imports == whole.config.imports
 
 
 @pytest.mark.slow
 def test_the_example_runs_on_workers_that_rebuild_it_from_its_config(tmp_path):
-    result = CliRunner().invoke(app, ["run", str(EXAMPLE), *SHORT, "workers=2", "--out", str(tmp_path / "run"),
-                                      "--quiet"])
+    result = CliRunner().invoke(app, ["run", str(EXAMPLE), "workers=2", "--out", str(tmp_path / "run"), "--quiet"])
     assert result.exit_code == 0, result.output
-    assert all(run["parity"]["accuracy"] > 0.6 for run in tasks(tmp_path / "run").values())
+    assert all(learned(run) for run in tasks(tmp_path / "run").values())
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ import pytest
 
 from manytask.config import validate
 from manytask.fairness import fairness, worst_fraction_mean
-from manytask.run import run_config
+from manytask.launch import run_config
 from tests.conftest import small_config_dict
 
 

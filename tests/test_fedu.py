@@ -9,10 +9,10 @@ from manytask.client.trainer import TrainConfig
 from manytask.config import validate
 from manytask.engine.checkpoint import load_checkpoint
 from manytask.errors import ManytaskError
+from manytask.launch import resume, run_config
 from manytask.messages import Message
 from manytask.methods.common.laplacian import laplacian_step
 from manytask.methods.personalized.fedu import FeduParams, FeduServer, complete_graph
-from manytask.run import resume, run_config
 from tests.conftest import small_config_dict
 from tests.test_pfedme import FULL_MODEL, tiny_setup
 from tests.test_sfmtl import PERSONAL

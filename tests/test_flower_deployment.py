@@ -15,7 +15,7 @@ from itertools import pairwise
 import pytest
 
 from manytask.config import validate
-from manytask.run import resume, run_config
+from manytask.launch import resume, run_config
 from tests.conftest import small_config_dict
 from tests.flower_support import FakeGrid, listeners_of, write_test_certificates
 

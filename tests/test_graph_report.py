@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from manytask.cli import app
 from manytask.config import validate
 from manytask.errors import ManytaskError
+from manytask.launch import run_config
 from manytask.report import load_run, write_report
 from manytask.report.graph import (
     client_graph,
@@ -26,7 +27,6 @@ from manytask.report.graph import (
     modularity_curves,
     plot_client_graph,
 )
-from manytask.run import run_config
 from tests.conftest import small_config_dict
 from tests.test_sfmtl import PERSONAL
 

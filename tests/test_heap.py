@@ -12,7 +12,7 @@ import pytest
 
 from manytask.config import validate
 from manytask.engine import heap
-from manytask.run import run_config
+from manytask.launch import run_config
 from tests.conftest import small_config_dict
 
 

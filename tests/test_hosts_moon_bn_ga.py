@@ -13,6 +13,7 @@ from manytask.config import validate
 from manytask.engine.checkpoint import load_checkpoint
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
+from manytask.launch import resume, run_config
 from manytask.messages import Message
 from manytask.methods.base import ClientContext
 from manytask.methods.common.updates import Update
@@ -22,7 +23,6 @@ from manytask.methods.plugins.base import PluginServer
 from manytask.models.backbones import MLP, CNNParams, FeatureBatchNorm, MLPParams, SmallCNN
 from manytask.models.multitask import load_state, trainable_state
 from manytask.registry import Params
-from manytask.run import resume, run_config
 from tests.conftest import small_config_dict
 
 BN_MODEL = {"backbone": "cnn", "norm": "batch", "channels": [8], "hidden": 32}

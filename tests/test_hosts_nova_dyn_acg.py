@@ -10,6 +10,7 @@ from manytask.client.trainer import StepContext, TrainConfig
 from manytask.config import validate
 from manytask.engine.checkpoint import load_checkpoint
 from manytask.experiment import Experiment
+from manytask.launch import resume, run_config
 from manytask.messages import Message
 from manytask.methods.base import ClientContext
 from manytask.methods.common.updates import Update
@@ -28,7 +29,6 @@ from manytask.methods.hosts.fednova import FedNovaServer, normalized_step, norma
 from manytask.methods.hosts.rules import Momentum, round_delta
 from manytask.methods.hosts.server import HostServer
 from manytask.models.multitask import trainable_state
-from manytask.run import resume, run_config
 from tests.conftest import small_config_dict
 from tests.test_pfedme import tiny_setup
 from tests.test_sfmtl import PERSONAL

@@ -12,12 +12,12 @@ from manytask.client.trainer import TrainConfig, Trainer, TrainHook
 from manytask.config import validate
 from manytask.engine.checkpoint import load_checkpoint
 from manytask.experiment import Experiment
+from manytask.launch import resume, run_config
 from manytask.methods.hosts.gradnorm import gradnorm_step
 from manytask.methods.mas import best_partition
 from manytask.methods.mas.lookahead import affinity_probe, affinity_scalars, affinity_scores
 from manytask.methods.mas.stages import MODEL_PART
 from manytask.models.multitask import build_model, task_of_key
-from manytask.run import resume, run_config
 
 BENCHMARK = {"name": "scenes", "tasks": "sdn", "size": 16, "train_per_task": 96, "test_size": 16, "buildings": 4,
              "styles": 2}

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from manytask.config import validate
+from manytask.launch import resume, run_config
 from manytask.methods.manytask.matfl import cosine_similarity, group_clients
 from manytask.methods.personalized.fedper import module_of, personal_keys
-from manytask.run import resume, run_config
 from tests.conftest import small_config_dict
 
 ADAPTED = {

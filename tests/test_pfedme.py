@@ -10,6 +10,7 @@ from manytask.client.trainer import TrainConfig
 from manytask.config import validate
 from manytask.engine.checkpoint import load_checkpoint
 from manytask.errors import ManytaskError
+from manytask.launch import resume, run_config
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, Setup
 from manytask.methods.personalized.pfedme import (
@@ -21,7 +22,6 @@ from manytask.methods.personalized.pfedme import (
     server_beta_average,
     train_personalized,
 )
-from manytask.run import resume, run_config
 from manytask.tasks import TaskKind, TaskSpec
 from tests.conftest import small_config_dict
 from tests.test_sfmtl import PERSONAL

@@ -7,13 +7,13 @@ import pytest
 from manytask.client.trainer import TrainConfig
 from manytask.config import validate
 from manytask.errors import ManytaskError
+from manytask.launch import resume, run_config
 from manytask.methods.base import MethodDef
 from manytask.methods.common.phases import Phase, Phases
 from manytask.methods.common.updates import Update
 from manytask.methods.hosts.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from manytask.methods.registry import HOST, METHODS, register_method
 from manytask.models.multitask import task_of_key
-from manytask.run import resume, run_config
 from tests.conftest import small_config_dict
 
 

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from manytask.client.trainer import TrainConfig
 from manytask.config import validate
+from manytask.launch import resume, run_config
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, ClientProgram, Setup
 from manytask.methods.common.aggregation import weighted_average
@@ -19,7 +20,6 @@ from manytask.methods.plugins.dea import first_of_stable_sort
 from manytask.methods.plugins.fedheal import FedhealParams, FedhealServer, consistency_mask, fairness_weights
 from manytask.methods.plugins.pcgrad import PcgradServer, conflicting_pairs, project_conflicts
 from manytask.registry import Params
-from manytask.run import resume, run_config
 from manytask.tasks import TaskKind, TaskSpec
 from tests.conftest import small_config_dict
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 import pytest
 
 from manytask.config import validate
+from manytask.launch import run_config
 from manytask.messages import Message, as_message, decode, encode, encoded_size
 from manytask.methods.registry import METHODS, PLUGINS
-from manytask.run import run_config
 from tests.conftest import small_config_dict
 
 TALOS = {"calibration_rounds": 1, "calibration_examples": 20, "sparsity": 0.8}

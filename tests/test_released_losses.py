@@ -9,7 +9,7 @@ import torch
 from manytask.config import validate
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
-from manytask.run import run_config
+from manytask.launch import run_config
 from manytask.tasks.task import TaskKind, TaskSpec
 
 NORMALS = TaskSpec("normals", TaskKind.NORMALS, 3, "shifted-l1")

@@ -68,8 +68,8 @@ def test_a_dense_comparison_reports_delta_against_a_base_with_pictures(tmp_path)
 
     from manytask.cli import app
     from manytask.config import validate
+    from manytask.launch import run_config
     from manytask.report import write_report
-    from manytask.run import run_config
 
     config = validate({
         "name": "dense", "method": ["fedavg", {"name": "fedavg", "plugin": {"name": "dea", "rho": 0.5}}],

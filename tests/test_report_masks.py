@@ -3,9 +3,9 @@
 import math
 
 from manytask.config import validate
+from manytask.launch import run_config
 from manytask.report import write_report
 from manytask.report.masks import block_grid
-from manytask.run import run_config
 from tests.conftest import small_config_dict
 from tests.test_talos_methods import TALOS
 

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from manytask.client.trainer import TrainConfig
 from manytask.config import validate
+from manytask.launch import run_config
 from manytask.methods.base import Setup
 from manytask.methods.common.aggregation import weighted_average
 from manytask.methods.common.updates import Update
@@ -33,7 +34,6 @@ from manytask.methods.plugins.robust import (
 )
 from manytask.methods.registry import PLUGINS
 from manytask.registry import Params
-from manytask.run import run_config
 from manytask.tasks import TaskKind, TaskSpec
 from tests.conftest import small_config_dict
 

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 from manytask.cli import app
 from manytask.config import validate
 from manytask.errors import ManytaskError
+from manytask.launch import resume, run_config
 from manytask.report import write_report
 from manytask.report.runs import RunRecord, load_runs
 from manytask.report.seeds import WITHIN_NOISE, mean_std, seed_groups, seed_table, within_noise
-from manytask.run import resume, run_config
 from tests.conftest import small_config_dict
 
 SEEDED = small_config_dict(method=["fedavg", "local"], seeds=[3, 5], reference="local")

@@ -8,9 +8,9 @@ import torch
 from manytask.config import validate
 from manytask.engine.checkpoint import load_checkpoint
 from manytask.kernels import counted
+from manytask.launch import resume, run_config
 from manytask.methods.manytask.sfmtl_math import anchor_step, random_graph
 from manytask.models import build_model
-from manytask.run import resume, run_config
 from manytask.seeding import torch_generator
 from manytask.tasks import TaskKind, TaskSpec
 from tests.conftest import small_config_dict

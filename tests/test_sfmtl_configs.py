@@ -7,7 +7,7 @@ import pytest
 
 from manytask.config import load_yaml, validate
 from manytask.errors import ManytaskError
-from manytask.run import plan
+from manytask.launch import plan
 from tests.data_files import write_cifar_py, write_mnist
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "sfmtl"

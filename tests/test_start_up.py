@@ -41,5 +41,5 @@ def test_building_and_training_a_digits_client_imports_no_heavy_library():
 def test_a_run_and_its_report_import_no_sklearn_or_scipy_until_a_report_needs_them():
     """`manytask run` imports the report's modules at its start; only the reports of runs with task groups or
     communities reach scikit-learn (and SciPy through it)."""
-    code = "import manytask.cli, manytask.run, manytask.report, manytask.progress"
+    code = "import manytask.cli, manytask.launch, manytask.report, manytask.progress"
     assert imported_by(code) <= {"matplotlib", "networkx"}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from manytask.config import apply_overrides, load_yaml, validate
-from manytask.run import run_config
+from manytask.launch import run_config
 from tests.test_cifar100 import _write
 
 transformers = pytest.importorskip("transformers")

@@ -10,6 +10,7 @@ import torch
 from manytask.config import validate
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
+from manytask.launch import resume, run_config
 from manytask.messages import decode, encode
 from manytask.methods.base import ClientContext
 from manytask.methods.talos.calibration import stratified_examples
@@ -17,7 +18,6 @@ from manytask.methods.talos.mask import pack_masks, unpack_masks
 from manytask.methods.talos.partitioned import OWNED_PREFIX, VALUES
 from manytask.methods.talos.program import MASK_STATE, TRAINABLE_PREFIX
 from manytask.models.multitask import task_of_key
-from manytask.run import resume, run_config
 from manytask.tasks.task import TaskKind, TaskSpec
 from tests.conftest import small_config_dict
 

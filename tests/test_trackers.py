@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from manytask.cli import app
 from manytask.config import validate
-from manytask.run import resume, run_config
+from manytask.launch import resume, run_config
 from manytask.trackers.mlflow_runs import MlflowBackend
 from manytask.trackers.rows import row_scalars
 from tests.conftest import small_config_dict

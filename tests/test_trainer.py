@@ -273,7 +273,7 @@ def test_bf16_training_stays_near_float32_in_both_executors(tmp_path):
     batched: bf16 moves the numbers (so autocast is on in both paths), the test losses by at most 0.02 here
     (0.0006 to 0.015 measured)."""
     from manytask.config import validate
-    from manytask.run import run_config
+    from manytask.launch import run_config
     from tests.conftest import small_config_dict
 
     losses = {}

@@ -11,7 +11,7 @@ import manytask.benchmarks.digits as digits
 from manytask.config import validate
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
-from manytask.run import run_config
+from manytask.launch import run_config
 
 RUN = {
     "name": "vec", "rounds": 3, "seed": 0, "reference": None, "participation": 0.6, "dropout": 0.2, "eval_every": 1,

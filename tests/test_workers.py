@@ -8,7 +8,7 @@ import pytest
 from manytask.config import validate
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
-from manytask.run import resume, run_config
+from manytask.launch import resume, run_config
 
 pytestmark = pytest.mark.slow  # spawns worker processes that import torch and rebuild the benchmark
 

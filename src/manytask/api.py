@@ -53,7 +53,7 @@ def run(config: str | Path | Mapping[str, Any] | RunConfig | None = None, out: s
         overrides: list[str] | tuple[str, ...] = (), observer: RoundObserver | None = None,
         **values: Any) -> RunResult:
     """Run a config (the built-in default job when None) into `out` (default `runs/NAME-TIME`) and write its report."""
-    from manytask.run import run_config
+    from manytask.launch import run_config
 
     resolved = _resolve(config, list(overrides), values)
     target = Path(out) if out is not None else Path("runs") / f"{resolved.name}-{datetime.now():%Y%m%d-%H%M%S}"
@@ -63,7 +63,7 @@ def run(config: str | Path | Mapping[str, Any] | RunConfig | None = None, out: s
 
 def resume(run_dir: str | Path, observer: RoundObserver | None = None) -> RunResult:
     """Continue a stopped run from its checkpoints (its config.yaml as it is) and write its report."""
-    from manytask.run import resume as resume_run
+    from manytask.launch import resume as resume_run
 
     resume_run(Path(run_dir), observer)
     return load(run_dir)

@@ -240,7 +240,7 @@ def flower_ratio(clients: int = 30, rounds: int = 5, repeats: int = 2) -> dict[s
     """Seconds per round of Flower's simulation against the local engine, sequential and vectorized, on the engine
     workload: each run `repeats` times, the three taking turns, and the fastest of the round times each records in
     metrics.jsonl (`round_seconds`), as `interleaved_seconds` takes the fastest block."""
-    from manytask.run import run_config
+    from manytask.launch import run_config
 
     config = engine_config(clients, rounds + 2)
     runs = {"local": config, "vectorized": vectorized(config), "flower-sim": config.model_copy(update={"engine":
@@ -273,7 +273,7 @@ PEAK_RSS = """
 import json, resource, sys, tempfile
 from pathlib import Path
 from manytask.config import validate
-from manytask.run import run_config
+from manytask.launch import run_config
 with tempfile.TemporaryDirectory() as out:
     run_config(validate(json.loads(sys.argv[1])), Path(out) / "run")
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

@@ -65,10 +65,10 @@ def run(
     """Run a config (the built-in default many-task comparison when none is given)."""
     from manytask.config import resolve
     from manytask.engine.loop import RoundFailed
+    from manytask.launch import resume as resume_run
+    from manytask.launch import run_config, stopped_runs
     from manytask.progress import RichObserver, SignalAfterRound
     from manytask.report import write_report
-    from manytask.run import resume as resume_run
-    from manytask.run import run_config, stopped_runs
 
     def body() -> None:
         if resume is not None:

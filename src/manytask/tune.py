@@ -216,7 +216,7 @@ class Tuner:
     def _objective(self, trial: optuna.Trial, entry: dict[str, Any], space: Space) -> float:
         import optuna
 
-        from manytask.run import engine_for
+        from manytask.launch import engine_for
 
         values = {key: _suggest(trial, key, dim) for key, dim in space.items()}
         member = self.config.model_copy(update={"seeds": None}).for_method(with_values(entry, values))
