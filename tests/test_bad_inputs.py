@@ -132,7 +132,8 @@ CASES = [
     case(["model.backbone=cnn", "model.hidden=1000000000"], WIDTHS, "cnn-hidden-huge"),
     case("seed=1" + "0" * 5000, "holds a value YAML cannot convert", "seed-5000-digits"),
     # --- unknown names ---
-    case("nosuchkey=1", "unknown config key 'nosuchkey'; valid keys here: name, method, benchmark", "unknown-top-key"),
+    case("nosuchkey=1", "unknown config key 'nosuchkey'; valid keys here: imports, name, method, benchmark",
+         "unknown-top-key"),
     case("train.lrr=0.1", "unknown config key 'train.lrr'; valid keys here: optimizer, lr", "unknown-train-key"),
     case("federation.clients=3", "unknown config key 'federation.clients'; valid keys here: num_clients",
          "unknown-federation-key"),

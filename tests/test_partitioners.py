@@ -242,7 +242,7 @@ def test_all_allocation() -> None:
 
 def test_registries_and_params() -> None:
     assert TASK_ALLOCATIONS.names() == ["all", "dirichlet", "groups", "one-per-client"]
-    assert SAMPLE_PARTITIONERS.names() == ["dirichlet", "iid", "natural", "shards"]
+    assert SAMPLE_PARTITIONERS.names() == ["dirichlet", "iid", "label-skew", "natural", "shards"]
     assert FEDERATION_CHOICES == {"tasks": TASK_ALLOCATIONS, "samples": SAMPLE_PARTITIONERS}
     assert SAMPLE_PARTITIONERS.parse_params("dirichlet", {}).zeta == 0.5
     with pytest.raises(ManytaskError, match="zeta"):
