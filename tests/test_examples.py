@@ -23,8 +23,10 @@ def learned(tasks_of_a_run: dict) -> bool:
     return all(tasks_of_a_run[task]["accuracy"] > bar for task, bar in CLEARLY_LEARNED.items())
 
 
-def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "manytask.cli", *args], capture_output=True, text=True, cwd=cwd,
+def cli(*args: str, cwd: Path, env: dict | None = None, python_script: bool = False) -> subprocess.CompletedProcess:
+    """`manytask ARGS` (or `python SCRIPT ARGS`) in a new process."""
+    command = [sys.executable, *args] if python_script else [sys.executable, "-m", "manytask.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd,
                           timeout=600, env={**os.environ, **(env or {})},
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
@@ -70,3 +72,13 @@ def test_the_example_tunes_and_its_tuned_config_keeps_the_imports(tmp_path):
     assert tuning["members"]["fedavgm-prox"]["trials"]["complete"] == 2
     assert set(tuning["members"]["fedavgm-prox"]["best"]) == {"train.lr", "mu", "beta"}
     assert str(EXAMPLE.parent / "custom_method.py") in (tmp_path / "tune" / "tuned.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_the_hf_example_saves_a_dataset_with_save_to_disk_and_runs_on_it(tmp_path):
+    pytest.importorskip("datasets")
+    done = cli(str(EXAMPLE.parent / "hf_dataset.py"), str(tmp_path), cwd=tmp_path, python_script=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "shapes-hf" / "dataset_dict.json").is_file()  # what save_to_disk writes
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert learned(summary["tasks"]), summary["tasks"]
