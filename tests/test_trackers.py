@@ -132,3 +132,14 @@ def test_a_missing_tracker_names_its_extra_and_writes_nothing(module, extra, tmp
     result = CliRunner().invoke(app, ["run", f"loggers=[{module}]", "rounds=1", "--out", str(out), "--quiet"])
     assert result.exit_code == 2 and f"pip install 'manytask[{extra}]'" in result.stderr, result.output
     assert not out.exists()
+
+
+def test_mlflow_tracking_uri_sends_the_runs_elsewhere(tmp_path):
+    store = f"sqlite:///{tmp_path / 'shared.db'}"
+    out = tmp_path / "run"
+    run_config(config(loggers=["mlflow"], rounds=2, mlflow={"tracking_uri": store, "experiment": "team"}), out)
+    assert not (out / "mlflow.db").exists() and (tmp_path / "shared.db").is_file()
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("team").experiment_id])
+    assert run.info.run_name == "fedavg" and [m.step for m in client.get_metric_history(run.info.run_id, "round")] == [
+        1, 2]
