@@ -182,18 +182,3 @@ def test_masked_batched_sgd_moves_each_row_as_sparse_sgdm_moves_its_client():
             sparse.step()
         assert torch.allclose(stacked[row], param.detach(), rtol=1e-6, atol=1e-7)
         assert torch.equal(stacked[row][~masks[row]], start[row][~masks[row]])
-
-
-def test_stochastic_depth_is_refused_before_training():
-    """A Swin checkpoint's drop path (Swin-T's is 0.1) draws per sample from one generator: such a round trains
-    one client after another, as dropout does."""
-    pytest.importorskip("transformers")
-    specs = {"a": SPECS["a"]}
-    model = build_model("swin", {"image_size": 16, "patch_size": 2, "embed_dim": 8, "depths": [1, 1],
-                                 "num_heads": [1, 2], "window_size": 2, "drop_path_rate": 0.1}, (3, 16, 16), specs,
-                        seed=0)
-    trainer = Trainer(TrainConfig(batch_size=4, local_steps=1), specs)
-    data = {"a": (torch.randn(6, 3, 16, 16), torch.randint(0, 3, (6,)))}
-    start = {**{n: p.detach() for n, p in model.named_parameters()}, **dict(model.named_buffers())}
-    with pytest.raises(Unbatchable, match="stochastic depth"):
-        train_batched([_plan(model, trainer, data, start, 1), _plan(model, trainer, data, start, 2)])

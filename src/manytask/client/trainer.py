@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from manytask.client.optimizers import OptimizerFactory, config_optimizer
 from manytask.client.schedules import Schedule, scheduled_lr
+from manytask.models.keyed_dropout import PassKeys
 from manytask.models.multitask import model_tensors
 from manytask.registry import Params
 from manytask.seeding import torch_generator
@@ -153,15 +154,19 @@ class Trainer:
         losses: dict[str, list[Tensor]] = {task: [] for task in data}  # read once, after the last step: no sync
         steps = self.num_steps(data)
         train_mode(model)
-        autocast = self.config.autocast(params[0].device if params else torch.device("cpu"))
+        device = params[0].device if params else torch.device("cpu")
+        autocast = self.config.autocast(device)
+        passes = PassKeys(model, seed, device)  # dropout's draws: a function of (seed, stream, step)
         for index in range(steps):
             opt.zero_grad(set_to_none=True)
             step = StepContext(index, lr, model)
             with autocast:
                 if shared:
+                    passes.start("shared", index)
                     self._forward_shared(step, data, next(batches["shared"]))
                 else:
                     for task, stream in batches.items():
+                        passes.start(task, index)
                         self._forward(step, task, next(stream))
                 for task in data:
                     losses[task].append(step.losses[task].detach())
@@ -180,6 +185,7 @@ class Trainer:
             opt.step()
             for hook in hooks:
                 hook.after_step(step)
+        passes.close()
         return TrainReport(steps, {task: mean_of(values, steps) for task, values in losses.items()})
 
     def _batches(self, data: TaskData, seed: int, shared: bool) -> dict[str, Iterator]:

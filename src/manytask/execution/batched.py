@@ -48,8 +48,10 @@ from manytask.execution.probes import stacked_probes
 from manytask.execution.stacked import StackedFeatureTerm, StackedStateTerm, stacked_terms, updated_states
 from manytask.execution.steps import batched_optimizer, clip_per_client
 from manytask.models.decoders import Pyramid
+from manytask.models.keyed_dropout import GOLDEN, dropout_key, wrapped
 from manytask.models.multitask import BACKBONE_PREFIX, BUFFER_PREFIX, HEAD_PREFIX, head_prefix, task_of_key
 from manytask.models.transformers_backbones import eager_attention
+from manytask.seeding import derive_seeds
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # batched vs sequential trained parameters (float32)
 
@@ -66,9 +68,13 @@ def check_model(model: nn.Module) -> None:
     if not all(hasattr(model, part) for part in ("backbone", "heads", "head_input")):
         raise Unbatchable(f"{type(model).__name__} is not a backbone with heads")
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
-        raise Unbatchable("the model uses dropout, whose random masks follow one client's generator")
+        raise Unbatchable("the model uses dropout that is not keyed (models/keyed_dropout.py): its random masks "
+                          "follow one client's generator")
     if any(getattr(m, "drop_prob", 0) > 0 for m in model.modules()):  # Swin's, timm's DropPath
-        raise Unbatchable("the model uses stochastic depth (drop path), whose draws follow one client's generator")
+        raise Unbatchable("the model uses stochastic depth (drop path) that is not keyed: its draws follow one "
+                          "client's generator")
+    if dropout_key(model.heads) is not None:
+        raise Unbatchable("a head has dropout (the heads run outside the backbone's keyed passes)")
     outside = [n for n, _ in model.named_buffers() if not n.startswith((BACKBONE_PREFIX, HEAD_PREFIX))]
     if outside:
         raise Unbatchable(f"buffers outside the backbone and the heads ({outside[0]})")
@@ -177,14 +183,22 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
     config = trainer.config
     lr = config.lr_at(round_index, total_rounds)
     probes = stacked_probes(round_, steps, lr)
+    dropout = dropout_key(backbone)
+    keys = _row_keys(round_, device) if dropout is not None else None
+    key_dims = (0, 0, 0, 0, None if keys is None else 0)  # the rows' keys, when the model draws
+    if dropout is not None and probes:
+        raise Unbatchable("lookahead probes on a model with dropout (a probe's passes would repeat the step's draws)")
     optimizer = batched_optimizer(config, lr, round_.masks(leaves))
     autocast = config.autocast(device)
     names = list(leaves)
     group_of = {n: i for i, g in enumerate(round_.groups) for n in names if n.startswith(g.key(i, ""))}
     recorded: list[tuple[Tensor, Tensor]] = []
 
-    def backbone_row(params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, mask: Tensor):
+    def backbone_row(params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, mask: Tensor,
+                     key: Tensor | None):
         context.mask, context.stats = mask, {}
+        if dropout is not None:
+            dropout.value = key  # this row's key: its client's seed, its stream, the step
         features = functional_call(passed, ({prefix + n: p for n, p in params.items()},
                                             {prefix + n: b for n, b in buffers.items()}), (x,))
         return features, dict(context.stats)
@@ -201,8 +215,9 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
                     layout: Step = layout, step: int = step):
             """The step's pair losses with the leaves `live` (the step's own, or a probe's moved ones), and what
             training folds and differentiates besides: BatchNorm statistics, extra rows, features, labels."""
-            rows_forward = vmap(backbone_row) if chain is None else chain
-            passes, stats, extra = _backbone_passes(rows_forward, live, leaves, running, x, mask, layout)
+            rows_forward = vmap(backbone_row, in_dims=key_dims) if chain is None else _keyless(chain)
+            step_keys = None if keys is None else _step_keys(keys, layout, step)
+            passes, stats, extra = _backbone_passes(rows_forward, live, leaves, running, x, mask, step_keys, layout)
             # what the heads read, and the feature vectors MOON contrasts (a dense model's pooled deepest level)
             raw_features = passes[-1].mean(dim=(-2, -1)) if dense else passes
             head_inputs = passes if dense else template.head_input(passes)
@@ -263,15 +278,36 @@ def _train_ordered(template: nn.Module, trainer: Trainer, plans: Sequence[Client
             for term in terms:
                 term.move(step, leaves, sizes)
         recorded.append((step_losses.detach(), layout.pair_index))
+    if dropout is not None:
+        dropout.value = None
     return _results(round_, leaves, {**running, **head_running}, steps, recorded, updated_states(round_, leaves),
                     [term.final() for term in state_terms], [term.final(round_) for term in terms if term.moves],
                     [probe.final() for probe in probes])
 
 
+def _keyless(chain: Callable) -> Callable:
+    """A plain chain's forward taking the rows' dropout keys (a plain chain has no random layer)."""
+    return lambda params, buffers, x, mask, _keys: chain(params, buffers, x, mask)
+
+
+def _row_keys(round_: Round, device: torch.device) -> Tensor:
+    """Each row's step-0 dropout key, (rows,): the key `Trainer.train` sets for its client's stream
+    (`keyed_dropout.stream_key`)."""
+    seeds = derive_seeds([(round_.plans[row.client].seed, "dropout", row.key) for row in round_.rows])
+    return torch.tensor(seeds, dtype=torch.int64, device=device)
+
+
+def _step_keys(keys: Tensor, layout: Step, step: int) -> Tensor:
+    """The active rows' dropout keys at `step`: step 0's + step · GOLDEN, as the sequential trainer's."""
+    active = keys[:layout.clients] if layout.rows is None else keys.index_select(0, layout.rows)
+    return active + wrapped(step * GOLDEN)
+
+
 def _backbone_passes(forward: Callable, live: Mapping[str, Tensor], leaves: Mapping[str, Tensor],
-                     running: Mapping[str, Tensor], x: Tensor, mask: Tensor, layout: Step
+                     running: Mapping[str, Tensor], x: Tensor, mask: Tensor, keys: Tensor | None, layout: Step
                      ) -> tuple[Tensor, dict[str, Statistics], dict[str, Tensor]]:
-    """The backbone on the step's active rows: (features, BatchNorm statistics, the extra rows' parameter leaves).
+    """The backbone on the step's active rows: (features, BatchNorm statistics, the extra rows' parameter leaves);
+    `keys` are the rows' dropout keys (None: the model has no random layer).
 
     The first rows are each active client's first (the stacks' prefix itself: no gather). A client's further rows
     (its other tasks' batches) run as a second pass on leaves of their own, gathered from the stacks without
@@ -282,14 +318,14 @@ def _backbone_passes(forward: Callable, live: Mapping[str, Tensor], leaves: Mapp
     params = {n[strip:]: v for n, v in live.items() if n.startswith(BACKBONE_PREFIX)}
     buffers = {n[strip:]: b[:first] for n, b in running.items()}
     if layout.row_clients is None:
-        features, stats = forward(params, buffers, x, mask)
+        features, stats = forward(params, buffers, x, mask, keys)
         return features, stats, {}
     others = layout.row_clients[first:]
     extra = {n: leaves[n].index_select(0, others).requires_grad_() for n in live if n.startswith(BACKBONE_PREFIX)}
-    features, stats = forward(params, buffers, x[:first], mask[:first])
+    features, stats = forward(params, buffers, x[:first], mask[:first], None if keys is None else keys[:first])
     more, more_stats = forward({n[strip:]: v for n, v in extra.items()},
                                {n[strip:]: b.index_select(0, others) for n, b in running.items()}, x[first:],
-                               mask[first:])
+                               mask[first:], None if keys is None else keys[first:])
     joined = {layer: tuple(torch.cat([a, b]) for a, b in zip(stats[layer], more_stats[layer], strict=True))
               for layer in stats}
     if isinstance(features, Tensor):

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from manytask.errors import ManytaskError
 from manytask.models.backbones import BACKBONES
 from manytask.models.decoders import DecoderParams, FCNDecoder, supports_dense
+from manytask.models.keyed_dropout import key_dropout
 from manytask.seeding import seed_global_rng
 from manytask.tasks.task import TaskSpec
 
@@ -204,7 +205,9 @@ def build_model(
     params = BACKBONES.parse_params(backbone, dict(backbone_params))
     with torch.random.fork_rng(devices=[]):
         seed_global_rng(seed)
-        return MultiTaskModel(entry.target(tuple(input_shape), params), specs, DecoderParams(**(decoder or {})))
+        model = MultiTaskModel(entry.target(tuple(input_shape), params), specs, DecoderParams(**(decoder or {})))
+    key_dropout(model)  # random layers draw from a key: a client's masks alone or batched (models/keyed_dropout.py)
+    return model
 
 
 def to_role(state: Mapping[str, Tensor], task: str) -> dict[str, Tensor]:

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from manytask.errors import ManytaskError
 from manytask.extras import require
 from manytask.models.backbones import BACKBONES
+from manytask.models.keyed_dropout import KEYED_ATTENTION
 from manytask.registry import Params
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -310,8 +311,8 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
     """Hugging Face models inside `model` switched to their plain (eager) attention, then back: the fused SDPA
     kernels have no vmap batching rule, and vmap would fall back to a Python loop over the batch (TaLoS's
     per-example gradients, the batched executor's clients)."""
-    switched = [(m, m.config._attn_implementation) for m in model.modules()
-                if hasattr(m, "set_attn_implementation") and m.config._attn_implementation != "eager"]
+    switched = [(m, m.config._attn_implementation) for m in model.modules() if hasattr(m, "set_attn_implementation")
+                and m.config._attn_implementation not in ("eager", KEYED_ATTENTION)]  # the keyed one is eager too
     for module, _ in switched:
         module.set_attn_implementation("eager")
     try:
