@@ -12,7 +12,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[dev,flower,vision,tune,tensorboard,mlflow,hf]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,flower,vision,tune,tensorboard,mlflow,hf,dp]"
 	touch $@
 
 run: setup  ## the default job (or: make run ARGS="configs/x.yaml rounds=5")

@@ -15,6 +15,7 @@ from manytask.benchmarks.exported import FEDERATION_KEY
 from manytask.client.trainer import TaskData
 from manytask.config import RunConfig, method_label, split_method, split_plugin
 from manytask.engine.adversaries import attacking_clients
+from manytask.engine.sampling import clients_per_round
 from manytask.errors import ManytaskError
 from manytask.federation import Federation, build_federation
 from manytask.methods import METHODS, PLUGINS, ClientProgram, MethodDef, ServerProgram, Setup
@@ -70,6 +71,7 @@ class Experiment:
             backbone_params=model.backbone_params, train=config.train, seed=config.seed, rounds=config.rounds,
             holdings=federation.sizes(), adapter=model.adapter_settings(),
             pretrained=None if pretrained is None else str(pretrained.path), decoder=model.decoder_settings(),
+            clients_per_round=clients_per_round(federation.num_clients, config.participation, config.clients_per_round),
         )
         description = None if pretrained is None else pretrained.description
         experiment = cls(config, method_label(config.method), name, method, params, benchmark, federation, setup,

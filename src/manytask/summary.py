@@ -75,11 +75,24 @@ def build_summary(
         "power_watts": config.power_watts,  # the stated power behind an energy estimate
         **energy_totals(rows, config.power_watts),  # energy_joules, energy_estimated, energy_source
         "failed_clients": failed_clients(rows),
+        "privacy": privacy(rows, experiment.plugin_params),
         "adversaries": None if config.adversaries is None else {
             **config.adversaries.model_dump(mode="json", exclude_none=True),
             "attackers": sorted(experiment.adversary_clients)},
         "provenance": provenance(config.device),  # of the process that finished the run
     }
+
+
+def privacy(rows: list[dict[str, Any]], plugin_params: Any) -> dict[str, Any] | None:
+    """The (ε, δ) a run with the `dp` plug-in had spent after its last aggregated round, and its mechanism; None
+    without it."""
+    spent = [row for row in rows if "dp/epsilon" in row.get("fit", {})]
+    if not spent:
+        return None
+    last = spent[-1]
+    return {"epsilon": last["fit"]["dp/epsilon"], "delta": plugin_params.delta, "after_round": last["round"],
+            "where": plugin_params.where, "noise_multiplier": plugin_params.noise_multiplier,
+            "clip": last["fit"].get("dp/clip", plugin_params.clip), "adaptive": plugin_params.adaptive}
 
 
 def failed_clients(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

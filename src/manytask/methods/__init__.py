@@ -19,7 +19,7 @@ from manytask.methods.manytask import matfl, matu, sfmtl  # noqa: F401  (registr
 from manytask.methods.mas import fixed_split, hoa, one_by_one, tag  # noqa: F401  (registration)
 from manytask.methods.mas import mas as _mas  # noqa: F401  (as _mas: manytask.methods.mas stays the package)
 from manytask.methods.personalized import fedper, fedu, pfedme  # noqa: F401  (registration)
-from manytask.methods.plugins import dea, fedheal, pcgrad, robust  # noqa: F401  (registration)
+from manytask.methods.plugins import dea, dp, fedheal, pcgrad, robust  # noqa: F401  (registration)
 from manytask.methods.registry import METHODS, PLUGINS, register_method, register_plugin
 from manytask.methods.talos import fl_talos, head_only, oneshot, partitioned  # noqa: F401  (registration)
 

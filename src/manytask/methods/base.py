@@ -47,6 +47,7 @@ class Setup:
     adapter: dict[str, Any] | None = None  # LoRA settings: the backbone is frozen, only adapters + heads train
     pretrained: str | None = None  # safetensors file of pretrained backbone weights
     decoder: dict[str, Any] | None = None  # dense decoders' params (models/decoders.py DecoderParams)
+    clients_per_round: int | None = None  # the clients sampled a round (privacy accounting); None: every client
 
     def build_model(self) -> MultiTaskModel:
         """The initial model; identical for every caller because its seeds depend only on the run seed."""

@@ -209,6 +209,17 @@ def _failure_lines(record: RunRecord) -> list[tuple[str, str]]:
     return lines
 
 
+def _privacy_lines(record: RunRecord) -> list[tuple[str, str]]:
+    """The (ε, δ) spent (the `dp` plug-in), with its mechanism."""
+    spent = record.summary.get("privacy")
+    if not spent:
+        return []
+    kind = "central DP" if spent["where"] == "server" else "local DP"
+    bound = f"C = {spent['clip']:.3g}" + (" (adaptive, the last round's)" if spent["adaptive"] else "")
+    return [("privacy", f"(ε, δ) = ({spent['epsilon']:.3g}, {spent['delta']:g}) after round {spent['after_round']}: "
+             f"{kind}, z = {spent['noise_multiplier']:g}, {bound}; Opacus's RDP accountant")]
+
+
 def _failure_section(record: RunRecord) -> list[str]:
     lines = _failure_lines(record)
     return ["## Failed clients and attacks\n", _bullets(lines)] if lines else []
@@ -240,6 +251,7 @@ def _single_report(
         _bullets(_communication_lines(record)),
         "## Time and energy\n",
         _bullets(_time_lines(record)),
+        *(["## Privacy\n", _bullets(_privacy_lines(record))] if _privacy_lines(record) else []),
         *_failure_section(record),
         *_community_section(record),
         *([] if base is None else _delta_section([record], base)),
@@ -280,7 +292,7 @@ def _run_section(record: RunRecord) -> str:
         f"method: {setup}; pretraining: {_describe(s.get('pretraining'))}\n",
         markdown_table(*task_rows(record)),
         _bullets(_average_lines(record) + _communication_lines(record) + _time_lines(record)
-                 + _community_lines(record) + _failure_lines(record)),
+                 + _community_lines(record) + _privacy_lines(record) + _failure_lines(record)),
     ])
 
 
