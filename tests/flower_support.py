@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -49,40 +46,6 @@ def listeners_of(process_groups: list[int]) -> list[str]:
             if pgid in process_groups:
                 addresses.append(local)
     return addresses
-
-
-def write_test_certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA and a server certificate for 127.0.0.1/localhost, made with `cryptography`: (ca, cert, key)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-
-    def certificate(subject: str, issuer: x509.Name, key, signer, extensions) -> x509.Certificate:
-        builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-                   .issuer_name(issuer).public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=1)))
-        for extension, critical in extensions:
-            builder = builder.add_extension(extension, critical=critical)
-        return builder.sign(signer, hashes.SHA256())
-
-    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "manytask-test-ca")])
-    authority = [(x509.BasicConstraints(ca=True, path_length=None), True)]
-    ca = certificate("manytask-test-ca", ca_name, ca_key, ca_key, authority)
-    names = x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
-    server = certificate("localhost", ca_name, server_key, ca_key,
-                         [(names, False), (x509.BasicConstraints(ca=False, path_length=None), True)])
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = directory / "ca.crt", directory / "server.pem", directory / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(server_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    return paths
 
 
 class FakeGrid:

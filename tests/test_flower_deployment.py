@@ -15,15 +15,17 @@ from itertools import pairwise
 import pytest
 
 from manytask.config import validate
+from manytask.errors import ManytaskError
 from manytask.launch import resume, run_config
 from tests.conftest import small_config_dict
-from tests.flower_support import FakeGrid, listeners_of, write_test_certificates
+from tests.flower_support import FakeGrid, listeners_of
 
 pytest.importorskip("flwr")
 from flwr.supercore.task_identity import TaskIdentity
 
 from manytask.engine.flower import transport as transport_module
-from manytask.engine.flower.cluster import LocalCluster, TLSFiles
+from manytask.engine.flower.cluster import LocalCluster
+from manytask.engine.flower.credentials import write_loopback_certificates, write_node_key
 from manytask.engine.flower.transport import GridTransport
 from manytask.report import write_report
 
@@ -143,14 +145,40 @@ def _group(pgid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_tls_deployment_completes_two_rounds(tmp_path):
-    ca, cert, key = write_test_certificates(tmp_path / "certs")
-    with LocalCluster(3, tmp_path / "cluster", tls=TLSFiles(ca, cert, key)) as cluster:
-        config = _deployed(cluster, tmp_path, method="fedavg", rounds=2, flower={"root_certificates": str(ca)})
+    tls = write_loopback_certificates(tmp_path / "certs")
+    with LocalCluster(3, tmp_path / "cluster", tls=tls) as cluster:
+        config = _deployed(cluster, tmp_path, method="fedavg", rounds=2,
+                           flower={"root_certificates": str(tls.ca_cert)})
         summary = run_config(validate(config), tmp_path / "run")["fedavg"]
         log = (tmp_path / "cluster" / "superlink.log").read_text()
     assert summary["rounds"] == 2
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
     assert "--insecure" not in log and "insecure" not in log.lower()
+
+
+@pytest.mark.slow
+def test_only_registered_supernodes_join_an_authenticating_superlink(tmp_path):
+    """`auth`: the cluster makes and registers its nodes' keys; a node signing with an unregistered key (claiming
+    client 0's partition) is refused and exits, and the run completes on the registered nodes with the local
+    engine's numbers."""
+    tls = write_loopback_certificates(tmp_path / "certs")
+    local = run_config(validate(small_config_dict(federation=THREE_CLIENTS, rounds=2, eval_every=2,
+                                                  execution="sequential")), tmp_path / "local")["fedavg"]
+    with LocalCluster(3, tmp_path / "cluster", tls=tls, auth=True) as cluster:
+        rogue = cluster.start_node("rogue", 0, write_node_key(tmp_path / "rogue", "rogue"))
+        assert rogue.wait(timeout=120) != 0
+        config = _deployed(cluster, tmp_path, rounds=2, flower={"root_certificates": str(tls.ca_cert)})
+        deployed = run_config(validate(config), tmp_path / "flower")["fedavg"]
+        assert "--enable-supernode-auth" in cluster.superlink.args
+    assert "Failed to activate SuperNode" in (tmp_path / "cluster" / "rogue.log").read_text()
+    assert deployed["tasks"] == local["tasks"] and deployed["failed_clients"] == {}
+    assert sorted(p.name for p in (tmp_path / "cluster" / "keys").iterdir()) == [
+        f"supernode{i}{suffix}" for i in range(3) for suffix in ("", ".pub")]
+
+
+def test_authentication_without_tls_is_refused_in_one_sentence(tmp_path):
+    with pytest.raises(ManytaskError, match="needs TLS"):
+        LocalCluster(2, tmp_path, auth=True)
 
 
 # -- the transport against a fake Grid: a node dies (or comes back) at an exact point of a run ------------------------

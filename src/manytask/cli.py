@@ -312,6 +312,9 @@ def local_cluster(
     partitions: Annotated[
         Path | None, typer.Option("--partitions", help="an export-partitions DIR: SuperNode k reads DIR/client-k")
     ] = None,
+    auth: Annotated[bool, typer.Option(
+        "--auth", help="SuperNode authentication: each node's key is made and registered, any other node is "
+        "refused (TLS: --tls-dir, or loopback certificates made in WORKDIR/certs)")] = False,
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, print how to run against them, say when a SuperNode exits
     (and clean up after it), stop them on Ctrl-C."""
@@ -321,18 +324,22 @@ def local_cluster(
         import time
 
         require("flwr", "manytask flower local-cluster")
-        from manytask.engine.flower.cluster import LocalCluster, TLSFiles
+        from manytask.engine.flower.cluster import LocalCluster
+        from manytask.engine.flower.credentials import TLSFiles, write_loopback_certificates
 
         # SIGTERM (and SIGINT, even where a shell started us with it ignored) stops the cluster cleanly.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
 
         tls = None if tls_dir is None else TLSFiles(tls_dir / "ca.crt", tls_dir / "server.pem", tls_dir / "server.key")
+        if auth and tls is None:
+            tls = write_loopback_certificates(workdir / "certs")
         data = None if partitions is None else [partitions / f"client-{k}" for k in range(nodes)]
-        with LocalCluster(nodes, workdir, tls, port, data) as cluster:
+        with LocalCluster(nodes, workdir, tls, port, data, auth=auth) as cluster:
             certs = "" if tls is None else f" flower.root_certificates={tls.ca_cert}"
+            keys = (f"Only the {nodes} SuperNodes whose keys are in {workdir / 'keys'} may join.\n" if auth else "")
             out_console.print(
-                f"SuperLink on {cluster.address} with {nodes} SuperNodes (logs in {workdir}).\n"
+                f"SuperLink on {cluster.address} with {nodes} SuperNodes (logs in {workdir}).\n{keys}"
                 f"Run against it:  manytask run CONFIG engine=flower federation.num_clients={nodes} "
                 f"flower.superlink={cluster.address}{certs}\nCtrl-C stops the cluster.",
                 highlight=False,

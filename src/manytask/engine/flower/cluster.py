@@ -1,5 +1,7 @@
 """`LocalCluster`: a SuperLink and N SuperNodes on loopback, for trying a deployment on one machine (and for the
-tests). Every daemon binds 127.0.0.1 only, is started with its own log file, and is stopped by PID."""
+tests). Every daemon binds 127.0.0.1 only, is started with its own log file, and is stopped by PID. With `auth`, the
+SuperLink accepts only SuperNodes whose public keys were registered (Flower's `--enable-supernode-auth`): the
+cluster makes each node a key pair and registers it with `flwr supernode register` before the node starts."""
 
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+from manytask.engine.flower.credentials import NodeKey, TLSFiles, write_node_key
 from manytask.errors import ManytaskError
 from manytask.extras import missing_extra
 
@@ -28,15 +30,7 @@ QUIET_FLOWER = {
 }
 HOST = "127.0.0.1"
 REGISTERED = "SuperNode ID:"  # what a SuperNode logs once the SuperLink has given it its node ID
-
-
-@dataclass(frozen=True)
-class TLSFiles:
-    """PEM files: the CA certificate clients trust, and the SuperLink's certificate and key."""
-
-    ca_cert: Path
-    server_cert: Path
-    server_key: Path
+CONNECTION = "local-cluster"  # the cluster's entry in its own FLWR_HOME, for `flwr supernode register`
 
 
 def flower_env(flwr_home: Path) -> dict[str, str]:
@@ -90,9 +84,12 @@ def _wait_at_start(ready: Callable[[], bool], timeout: float, process: subproces
 
 class LocalCluster:
     def __init__(self, nodes: int, workdir: Path, tls: TLSFiles | None = None, port: int | None = None,
-                 data_paths: list[Path | None] | None = None) -> None:
+                 data_paths: list[Path | None] | None = None, auth: bool = False) -> None:
         if nodes < 1:
             raise ManytaskError(f"a cluster needs at least one SuperNode, got {nodes}.")
+        if auth and tls is None:
+            raise ManytaskError("SuperNode authentication needs TLS (Flower requires it): give the cluster its TLS "
+                                "files (local-cluster --tls-dir, or --auth alone to have loopback ones made).")
         if data_paths is not None and len(data_paths) != nodes:
             raise ManytaskError(f"{len(data_paths)} data paths for {nodes} SuperNodes; give one per node.")
         self.nodes = nodes
@@ -100,8 +97,11 @@ class LocalCluster:
         self.workdir = Path(workdir)
         self.tls = tls
         self.port = port or free_port()
+        self.auth = auth
+        self.keys: list[NodeKey] = []  # with auth: each SuperNode's key pair, registered before it starts
         self.superlink: subprocess.Popen | None = None
         self.supernodes: list[subprocess.Popen] = []
+        self.others: list[subprocess.Popen] = []  # SuperNodes started beside the cluster's own (`start_node`)
         self.reported: set[int] = set()  # SuperNodes whose exit `dead_nodes` has already returned
 
     @property
@@ -121,16 +121,17 @@ class LocalCluster:
         )
         self.superlink = self._spawn(
             "superlink", [flower_command("flower-superlink"), *link_security, "--host", HOST, "--port",
-                          str(self.port), "--disable-runtime-dependency-installation"],
+                          str(self.port), "--disable-runtime-dependency-installation",
+                          *(["--enable-supernode-auth"] if self.auth else [])],
         )
         wait_for_port(self.port, timeout, self.superlink, self._log("superlink"))
-        node_security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca_cert)]
+        if self.auth:
+            self.keys = [self.register(write_node_key(self.workdir / "keys", f"supernode{i}"))
+                         for i in range(self.nodes)]
         ports = [free_port() for _ in range(self.nodes)]
         for index, port in enumerate(ports):
-            self.supernodes.append(self._spawn(f"supernode{index}", [
-                flower_command("flower-supernode"), *node_security, "--superlink", self.address, "--host", HOST,
-                "--port", str(port), "--node-config", self.node_config(index),
-            ]))
+            self.supernodes.append(self._spawn_node(f"supernode{index}", port, index,
+                                                    self.keys[index] if self.auth else None))
         for index, (port, process) in enumerate(zip(ports, self.supernodes, strict=True)):
             wait_for_port(port, timeout, process, self._log(f"supernode{index}"))
         for index, process in enumerate(self.supernodes):
@@ -138,6 +139,37 @@ class LocalCluster:
             # from here a run sees every node, and every node's process group is complete
             wait_for_log_line(REGISTERED, timeout, process, self._log(f"supernode{index}"))
         return self
+
+    def register(self, key: NodeKey, timeout: float = 120.0) -> NodeKey:
+        """Register a SuperNode's public key with the SuperLink (`flwr supernode register`, over the cluster's own
+        connection entry); the key, for the node to start with."""
+        assert self.tls is not None  # `auth` needs TLS (checked at construction)
+        home = self.workdir / "flwr_home"
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = {json.dumps(self.address)}\n'
+            f"root-certificates = {json.dumps(str(Path(self.tls.ca_cert).resolve()))}\n")
+        done = subprocess.run([flower_command("flwr"), "supernode", "register", str(key.public), CONNECTION],
+                              env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise ManytaskError(f"registering {key.public} with the SuperLink failed: "
+                                f"{(done.stdout + done.stderr).strip().splitlines()[-1:]}")
+        return key
+
+    def start_node(self, name: str, partition: int, key: NodeKey | None) -> subprocess.Popen:
+        """One more SuperNode serving `partition`, signing with `key` (registered or not: an unregistered one is
+        refused by an authenticating SuperLink and exits); its process, logged to `name`.log."""
+        process = self._spawn_node(name, free_port(), partition, key)
+        self.others.append(process)
+        return process
+
+    def _spawn_node(self, name: str, port: int, partition: int, key: NodeKey | None) -> subprocess.Popen:
+        security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca_cert)]
+        signing = [] if key is None else ["--auth-supernode-private-key", str(key.private)]
+        return self._spawn(name, [
+            flower_command("flower-supernode"), *security, *signing, "--superlink", self.address, "--host", HOST,
+            "--port", str(port), "--node-config", self.node_config(partition),
+        ])
 
     def node_config(self, index: int) -> str:
         """Flower's `--node-config` of SuperNode `index`: its partition, and its own data folder when it has one."""
@@ -167,11 +199,11 @@ class LocalCluster:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM every daemon we started, and its process group, then wait; SIGKILL what lingers."""
-        for process in [*self.supernodes, self.superlink]:
+        for process in [*self.supernodes, *self.others, self.superlink]:
             if process is not None and process.poll() is None:
                 _signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for process in [*self.supernodes, self.superlink]:
+        for process in [*self.supernodes, *self.others, self.superlink]:
             if process is None:
                 continue
             try:
@@ -182,7 +214,7 @@ class LocalCluster:
             _signal_group(process, signal.SIGKILL)  # children (superexec, apps) outliving their parent
 
     def pids(self) -> list[int]:
-        return [p.pid for p in [self.superlink, *self.supernodes] if p is not None]
+        return [p.pid for p in [self.superlink, *self.supernodes, *self.others] if p is not None]
 
     def __enter__(self) -> LocalCluster:
         return self.start()
