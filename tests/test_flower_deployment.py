@@ -13,6 +13,7 @@ import time
 from itertools import pairwise
 
 import pytest
+import torch
 
 from manytask.config import validate
 from manytask.errors import ManytaskError
@@ -174,6 +175,52 @@ def test_only_registered_supernodes_join_an_authenticating_superlink(tmp_path):
     assert deployed["tasks"] == local["tasks"] and deployed["failed_clients"] == {}
     assert sorted(p.name for p in (tmp_path / "cluster" / "keys").iterdir()) == [
         f"supernode{i}{suffix}" for i in range(3) for suffix in ("", ".pub")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["feddyn", "sfmtl-graph"])
+def test_a_deployed_run_resumes_exactly_after_every_supernode_and_the_superlink_restart(tmp_path, method):
+    """Nodes that save their client states (`state-path`): a run stopped after round 2 (`stop_after`, between
+    rounds), its SuperLink and every SuperNode stopped and started anew on the same folders, then resumed (a new
+    Flower run, fresh `context.state`), gives the uninterrupted run's metrics and bytes (the local engine's, which
+    an uninterrupted deployment gives: the FedAvg and FedProx test above)."""
+    from tests.test_sfmtl import PERSONAL
+
+    setting = {"federation": THREE_CLIENTS} if method == "feddyn" else dict(PERSONAL)
+    nodes = setting["federation"]["num_clients"]
+    config = small_config_dict(**{**setting, "method": method, "rounds": 4, "eval_every": 2})
+    full = run_config(validate({**config, "execution": "sequential"}), tmp_path / "full")[method]
+    states = tmp_path / "states"
+    with LocalCluster(nodes, tmp_path / "first", state_root=states) as cluster:
+        port = cluster.port
+        config.update(engine="flower", flower={"superlink": cluster.address, "round_timeout": 120})
+        assert run_config(validate(config), tmp_path / "cut", stop_after=2) is None
+    saved = sorted(p.relative_to(states).parts[0] for p in states.glob("*/*/*/round-*.mtk"))
+    assert len(saved) > 0 and all(name.startswith("supernode-") for name in saved)
+    with LocalCluster(nodes, tmp_path / "second", port=port, state_root=states):  # every daemon new
+        resumed = resume(tmp_path / "cut")[method]
+    for key in ("tasks", "bytes_up", "bytes_down", "failed_clients"):
+        assert resumed[key] == full[key], key
+    rows = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4] and all(not r["failures"] for r in rows)
+
+
+def test_a_node_without_the_state_the_server_names_says_what_it_holds(tmp_path):
+    from manytask.engine.flower.node_states import NodeStates
+
+    saved = NodeStates(tmp_path, "run-a", 1)
+    saved.save(1, {"w": torch.ones(2)}, keep_from=0)
+    saved.save(2, {"w": torch.full((2,), 2.0)}, keep_from=0)
+    saved.save(3, {"w": torch.full((2,), 3.0)}, keep_from=2)  # the server's checkpoint may name round 2 or later
+    assert saved.rounds() == [2, 3] and torch.equal(saved.load(2)["w"], torch.full((2,), 2.0))
+    assert saved.load(0) == {}
+    with pytest.raises(ValueError, match=r"no saved state of round 1 .* it holds rounds \[2, 3\] of this run"):
+        saved.load(1)
+    with pytest.raises(ValueError, match=r"holds states of other runs only \(run-a\)"):
+        NodeStates(tmp_path, "run-b", 1).load(3)
+    (saved.folder / "round-3.mtk").rename(saved.folder / "round-4.mtk")  # a file under another round's name
+    with pytest.raises(ValueError, match="is tagged"):
+        saved.load(4)
 
 
 def test_authentication_without_tls_is_refused_in_one_sentence(tmp_path):

@@ -312,6 +312,9 @@ def local_cluster(
     partitions: Annotated[
         Path | None, typer.Option("--partitions", help="an export-partitions DIR: SuperNode k reads DIR/client-k")
     ] = None,
+    states: Annotated[Path | None, typer.Option(
+        "--states", help="SuperNode k saves its client states in DIR/supernode-k: deployed runs of stateful methods "
+        "resume exactly")] = None,
     auth: Annotated[bool, typer.Option(
         "--auth", help="SuperNode authentication: each node's key is made and registered, any other node is "
         "refused (TLS: --tls-dir, or loopback certificates made in WORKDIR/certs)")] = False,
@@ -335,7 +338,7 @@ def local_cluster(
         if auth and tls is None:
             tls = write_loopback_certificates(workdir / "certs")
         data = None if partitions is None else [partitions / f"client-{k}" for k in range(nodes)]
-        with LocalCluster(nodes, workdir, tls, port, data, auth=auth) as cluster:
+        with LocalCluster(nodes, workdir, tls, port, data, auth=auth, state_root=states) as cluster:
             certs = "" if tls is None else f" flower.root_certificates={tls.ca_cert}"
             keys = (f"Only the {nodes} SuperNodes whose keys are in {workdir / 'keys'} may join.\n" if auth else "")
             out_console.print(

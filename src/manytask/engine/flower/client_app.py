@@ -2,7 +2,12 @@
 
 A SuperNode learns the run's config in the handshake (a `query` message), rebuilds the benchmark and federation
 from it locally (or, with exported partitions, reads its own folder: `data-path` in its node config), and keeps the
-client's state in Flower's `context.state` across rounds. Its client id is its node config's `partition-id`."""
+client's state in Flower's `context.state` across rounds. Its client id is its node config's `partition-id`.
+
+A node given `state-path` in its node config keeps the client's state there instead, one file per round it trained
+(`NodeStates`): written atomically after each fit, named by the run and the round, loaded by the round the server
+names (the last one whose reply reached it, kept in the server's checkpoint). So a SuperNode restarted, or a run
+resumed as a new Flower run, continues from the very state an uninterrupted run would hold."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from flwr.clientapp import ClientApp
 from manytask.benchmarks.exported import check_node_folder
 from manytask.config import validate
 from manytask.engine.client_runner import ClientRunner, ClientState
+from manytask.engine.flower.node_states import NodeStates
 from manytask.engine.flower.records import (
     CONTROL_RECORD,
     METRICS_RECORD,
@@ -61,17 +67,32 @@ def train(msg: Message, context: Context) -> Message:
     if bool(control.get("drop", False)):
         return Message(Error(SIMULATED_DROPOUT, "simulated dropout"), reply_to=msg)
     runner, client = _runner_for(context), partition_id(context)
-    state = _load_state(context)
-    reply, seconds = runner.fit(client, int(control["round"]), data_of(msg.content), state)
-    _save_state(context, state)
+    saved = node_states(context, control)
+    state = _load_state(context) if saved is None else saved.load(int(control["state_round"]))
+    round_index = int(control["round"])
+    reply, seconds = runner.fit(client, round_index, data_of(msg.content), state)
+    if saved is None:
+        _save_state(context, state)
+    else:
+        saved.save(round_index + 1, state, keep_from=int(control["keep_from"]))
     return Message(request(None if reply is None else as_bytes(reply), {"seconds": seconds}), reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     runner, client = _runner_for(context), partition_id(context)
-    metrics = runner.evaluate(client, data_of(msg.content), _load_state(context))
+    saved = node_states(context, control_of(msg.content))
+    state = _load_state(context) if saved is None else saved.load(int(control_of(msg.content)["state_round"]))
+    metrics = runner.evaluate(client, data_of(msg.content), state)
     return Message(RecordDict({METRICS_RECORD: metrics_record(metrics)}), reply_to=msg)
+
+
+def node_states(context: Context, control: ConfigRecord) -> NodeStates | None:
+    """This node's saved client states for the run the server names, where its node config has a `state-path`."""
+    path = context.node_config.get("state-path")
+    if not path:
+        return None
+    return NodeStates(Path(str(path)), str(control["run"]), partition_id(context))
 
 
 def node_local(config_text: str, context: Context) -> str:

@@ -84,7 +84,8 @@ def _wait_at_start(ready: Callable[[], bool], timeout: float, process: subproces
 
 class LocalCluster:
     def __init__(self, nodes: int, workdir: Path, tls: TLSFiles | None = None, port: int | None = None,
-                 data_paths: list[Path | None] | None = None, auth: bool = False) -> None:
+                 data_paths: list[Path | None] | None = None, auth: bool = False,
+                 state_root: Path | None = None) -> None:
         if nodes < 1:
             raise ManytaskError(f"a cluster needs at least one SuperNode, got {nodes}.")
         if auth and tls is None:
@@ -98,6 +99,7 @@ class LocalCluster:
         self.tls = tls
         self.port = port or free_port()
         self.auth = auth
+        self.state_root = state_root  # SuperNode k saves its client states in state_root/supernode-k
         self.keys: list[NodeKey] = []  # with auth: each SuperNode's key pair, registered before it starts
         self.superlink: subprocess.Popen | None = None
         self.supernodes: list[subprocess.Popen] = []
@@ -172,10 +174,15 @@ class LocalCluster:
         ])
 
     def node_config(self, index: int) -> str:
-        """Flower's `--node-config` of SuperNode `index`: its partition, and its own data folder when it has one."""
+        """Flower's `--node-config` of SuperNode `index`: its partition, its own data folder when it has one, and
+        the folder it saves its client states in when the cluster has a `state_root`."""
         config = f"partition-id={index} num-partitions={self.nodes}"
         path = self.data_paths[index]
-        return config if path is None else f"{config} data-path={json.dumps(str(Path(path).resolve()))}"
+        if path is not None:
+            config += f" data-path={json.dumps(str(Path(path).resolve()))}"
+        if self.state_root is not None:
+            config += f" state-path={json.dumps(str((Path(self.state_root) / f'supernode-{index}').resolve()))}"
+        return config
 
     def kill_node(self, index: int) -> None:
         """SIGKILL one SuperNode (a crashed machine), for failure tests."""

@@ -7,6 +7,7 @@ In a deployment the SuperLink starts it with the run config `manytask-config` (t
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import yaml
@@ -14,6 +15,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from manytask.config import to_yaml, validate
+from manytask.engine.checkpoint import identity_of
 from manytask.engine.flower.transport import GridTransport
 from manytask.engine.loop import RoundLoop, RoundObserver
 from manytask.experiment import Experiment
@@ -30,9 +32,17 @@ def serve(
     flower = experiment.config.flower
     transport = GridTransport(
         grid, experiment.federation.num_clients, to_yaml(experiment.config), flower.round_timeout,
-        flower.connect_timeout,
+        flower.connect_timeout, run_key(experiment, run_dir),
     )
     return RoundLoop(experiment, run_dir, transport, observer).run(stop_after)
+
+
+def run_key(experiment: Experiment, run_dir: RunDir) -> str:
+    """The name of this run's client states on the SuperNodes: its identity (config, label, rounds) and its run
+    directory, so that two runs of one config keep their states apart and a resumed run finds its own."""
+    identity = identity_of(experiment)
+    text = f"{identity.config_hash}|{identity.label}|{identity.total_rounds}|{run_dir.path.resolve()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @app.main()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
@@ -32,6 +33,7 @@ PULL_INTERVAL = 0.2  # s between polls while SuperNodes connect; the longest bet
 # (Grid.send_and_receive sleeps 3 s in deployment)
 SHORTEST_PULL_WAIT = 0.001  # seconds; a round's waits between polls grow with its age (`pull_wait`)
 PULL_WAIT_SHARE = 0.05  # of the round's age so far: a reply is picked up at most this share of the round late
+REPLIED_KEY = "flower/state_round"  # a Flower run's client entry in the checkpoint: the round of its node's state
 QUERY = "query"  # the handshake's message type (client_app's `@app.query()`)
 
 
@@ -46,9 +48,15 @@ class Answers:
 
 class GridTransport:
     def __init__(
-        self, grid: Grid, num_clients: int, config_text: str, round_timeout: float, connect_timeout: float
+        self, grid: Grid, num_clients: int, config_text: str, round_timeout: float, connect_timeout: float,
+        run_key: str = "",
     ) -> None:
         self.grid = grid
+        self.run_key = run_key  # names this run's client states on the SuperNodes that keep them (`state-path`)
+        # client -> the last round whose reply arrived: the state its node must load next (0: none yet); and the
+        # same as of the last checkpoint, below which a node may delete its saved states
+        self.replied: dict[int, int] = {}
+        self.checkpointed: dict[int, int] = {}
         self.num_clients = num_clients
         self.config_text = config_text
         self.round_timeout = round_timeout
@@ -65,27 +73,38 @@ class GridTransport:
         self.round = round_index + 1
         self.stage = f"round {self.round}"
         contents = {
-            c: request(data, {"round": round_index, "drop": c in simulated_drops}) for c, data in payloads.items()
+            c: request(data, {"round": round_index, "drop": c in simulated_drops, **self._state_control(c),
+                              "keep_from": self.checkpointed.get(c, 0)}) for c, data in payloads.items()
         }
         outcome = FitOutcome()
         for client, reply in self._exchange(contents, "train", str(round_index + 1), outcome.failures).items():
             outcome.replies[client] = data_of(reply.content)
             outcome.seconds[client] = float(control_of(reply.content)["seconds"])
+            self.replied[client] = round_index + 1
         return outcome
+
+    def _state_control(self, client: int) -> dict[str, int | str]:
+        """What a node that saves client states needs to load the right one: the run and the state's round."""
+        return {"run": self.run_key, "state_round": self.replied.get(client, 0)}
 
     def evaluate(self, payloads: Payloads) -> dict[int, Metrics]:
         self.stage = f"the evaluation of round {self.round}"
-        contents = {c: request(data, {}) for c, data in payloads.items()}
+        contents = {c: request(data, self._state_control(c)) for c, data in payloads.items()}
         failures: dict[int, str] = {}
         replies = self._exchange(contents, "evaluate", "evaluate", failures)
         return {c: metrics_of(r.content.metric_records[METRICS_RECORD]) for c, r in replies.items()}
 
     def client_states(self) -> dict[int, ClientState]:
-        return {}  # kept by the SuperNodes in Flower's context.state
+        """What the checkpoint keeps of the clients: the round of each one's state, not the state (its SuperNode
+        keeps that). Called as the checkpoint is written: from here on, nodes may drop older states."""
+        self.checkpointed = dict(self.replied)
+        return {c: {REPLIED_KEY: torch.tensor(r)} for c, r in self.replied.items()}
 
     def restore_client_states(self, states: dict[int, ClientState]) -> None:
-        if states:
+        if any(set(state) != {REPLIED_KEY} for state in states.values()):
             raise ManytaskError("this checkpoint holds client states, which a Flower run cannot hand to SuperNodes.")
+        self.replied = {c: int(state[REPLIED_KEY]) for c, state in states.items()}
+        self.checkpointed = dict(self.replied)
 
     def absent(self) -> dict[int, str]:
         """Clients not sent work (they fail at once), with why: lost ones and those no node answered for."""
