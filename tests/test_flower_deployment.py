@@ -300,6 +300,38 @@ def test_a_node_dead_before_the_handshake_is_unreached_until_a_new_node_serves_i
     assert _fake_round(transport, 1)[0] == {} and transport.nodes[2] == 13 and transport.unreached == {}
 
 
+def _named_states(grid, round_name):
+    """Per node, (state_round, keep_from) of the train message it was sent in `round_name`."""
+    from manytask.engine.flower.records import control_of
+
+    sent = [m for m in grid.pushed if m.metadata.message_type == "train" and m.metadata.group_id == round_name]
+    return {m.metadata.dst_node_id: (int(control_of(m.content)["state_round"]), int(control_of(m.content)["keep_from"]))
+            for m in sent}
+
+
+def test_a_server_that_crashed_mid_round_names_the_states_of_its_checkpoint_again(grid):
+    """A node saves a state per round; the server names the one to load (the client's last replied round) and the
+    oldest it may still name (as of its last checkpoint). Round 3's replies arrive, then the server dies before its
+    checkpoint: the server resumed from round 2's checkpoint names round-2 states again, which its nodes still
+    hold (keep_from never passed them)."""
+    transport = _transport(grid)
+    _fake_round(transport, 0)
+    _fake_round(transport, 1)
+    states = transport.client_states()  # the checkpoint after round 2
+    grid.state[12] = "dead"  # client 2 misses round 3: its named state stays round 2's
+    _fake_round(transport, 2)
+    assert _named_states(grid, "3") == {10: (2, 2), 11: (2, 2), 12: (2, 2)}
+    assert transport.replied == {0: 3, 1: 3, 2: 2}
+    grid.state[12] = "up"
+    resumed = _transport(grid)
+    resumed.restore_client_states(states)
+    grid.pushed.clear()
+    _fake_round(resumed, 2)  # round 3 again, after the crash
+    assert _named_states(grid, "3") == {10: (2, 2), 11: (2, 2), 12: (2, 2)}
+    with pytest.raises(ManytaskError, match="cannot hand to SuperNodes"):
+        resumed.restore_client_states({0: {"w": torch.ones(1)}})
+
+
 def test_polls_for_replies_wait_a_share_of_the_rounds_age():
     """A reply is picked up at most `PULL_WAIT_SHARE` of the round's age late (1 ms early on), never later than one
     `PULL_INTERVAL`: a fixed 0.2 s held the bench's 30-client rounds on Flower's simulation to 0.21 or 0.41 s."""
