@@ -38,7 +38,7 @@ def default_budget(device: torch.device) -> int:
 
 
 @lru_cache(maxsize=64)
-def _activation_bytes(model: nn.Module, tasks: tuple[str, ...], sample_shape: tuple[int, ...], dtype: torch.dtype
+def activation_bytes(model: nn.Module, tasks: tuple[str, ...], sample_shape: tuple[int, ...], dtype: torch.dtype
                       ) -> int:
     """Bytes of every leaf module's output for one sample through `model`'s backbone and `tasks`' heads (the
     backbone alone for a model without `forward_many`)."""
@@ -70,7 +70,7 @@ def client_bytes(plan: ClientPlan) -> int:
     x = next(iter(plan.data.values()))[0]
     passes = [tuple(plan.data)] if shares_inputs(plan.data) else [(task,) for task in plan.data]
     batch = plan.trainer.config.batch_size
-    activations = sum(_activation_bytes(plan.template, tasks, tuple(x.shape[1:]), x.dtype) for tasks in passes)
+    activations = sum(activation_bytes(plan.template, tasks, tuple(x.shape[1:]), x.dtype) for tasks in passes)
     return PARAMETER_COPIES * parameters + ACTIVATION_COPIES * batch * activations
 
 

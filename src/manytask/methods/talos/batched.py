@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from manytask.execution.budget import ACTIVATION_COPIES, activation_bytes
 from manytask.execution.plan import Unbatchable
 from manytask.methods.talos.mask import Masks, evaluating, labels_from, log_probability, nested_calibration
 from manytask.models.multitask import head_prefix
@@ -52,11 +53,15 @@ class Calibration:
     seed: int
 
     def bytes(self) -> int:
-        """The estimated memory of this client in a batched calibration."""
+        """The estimated memory of this client in a batched calibration: per example, its gradient of every scored
+        entry (`PER_EXAMPLE_COPIES` times) and its forward pass's activations (`ACTIVATION_COPIES` times: the
+        examples' passes run at once under `vmap`, each kept for its own backward), and the client's values."""
         scored = sum(self.start[n].numel() * self.start[n].element_size() for n in self.names)
         examples = sum(len(x) for _, x in self.batches)
         values = sum(t.numel() * t.element_size() for t in self.start.values())
-        return PER_EXAMPLE_COPIES * examples * scored + 4 * values
+        activations = sum(len(x) * activation_bytes(self.template, (task,), tuple(x.shape[1:]), x.dtype)
+                          for task, x in self.batches)
+        return PER_EXAMPLE_COPIES * examples * scored + ACTIVATION_COPIES * activations + 4 * values
 
 
 @dataclass
