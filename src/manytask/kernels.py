@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from manytask.config import RunConfig, validate
 
@@ -34,9 +35,10 @@ class KernelCounter(TorchDispatchMode):
         self.by_op: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if not func.is_view:
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view and not _on_meta(out):  # a meta tensor's op computes shapes only: nothing launches
             self.by_op[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
+        return out
 
     @property
     def ops(self) -> int:
@@ -45,6 +47,11 @@ class KernelCounter(TorchDispatchMode):
     @property
     def syncs(self) -> int:
         return sum(n for name, n in self.by_op.items() if name in SYNC_OPS)
+
+
+def _on_meta(out: Any) -> bool:
+    tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(t.is_meta for t in tensors)
 
 
 def counted(action: Callable[[], Any]) -> KernelCounter:

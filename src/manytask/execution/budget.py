@@ -11,6 +11,7 @@ low."""
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from functools import lru_cache
@@ -48,20 +49,24 @@ def activation_bytes(model: nn.Module, tasks: tuple[str, ...], sample_shape: tup
         if isinstance(output, torch.Tensor):
             total[0] += output[0].numel() * output.element_size()
 
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(count) for m in leaves]
-    many = getattr(model, "forward_many", None)
-    try:
-        was_training = model.training
-        model.eval()
-        x = torch.zeros(2, *sample_shape, dtype=dtype, device=next(model.parameters()).device)
-        with torch.no_grad():
-            many(x, list(tasks)) if many is not None else model.backbone(x)
-        model.train(was_training)
-    finally:
-        for handle in handles:
-            handle.remove()
+    probe = _meta_copy(model).eval()  # shapes without data: no kernel runs, nothing is allocated
+    for leaf in (m for m in probe.modules() if not list(m.children())):
+        leaf.register_forward_hook(count)
+    many = getattr(probe, "forward_many", None)
+    x = torch.zeros(2, *sample_shape, dtype=dtype, device="meta")
+    with torch.no_grad():
+        many(x, list(tasks)) if many is not None else probe.backbone(x)
     return total[0]  # the hooks saw a batch of 2 and counted one sample's output each
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """`model` with every parameter and buffer on the meta device, made without copying their data."""
+    memo: dict[int, object] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(model, memo)
 
 
 def client_bytes(plan: ClientPlan) -> int:
