@@ -62,5 +62,8 @@ def test_every_method_runs_on_dense_tasks_or_says_why_not(tmp_path, method):
 @pytest.mark.parametrize("plugin", sorted(PLUGINS.names()))
 @pytest.mark.parametrize("host", HOSTS)
 def test_every_plugin_wraps_every_host_on_dense_tasks(tmp_path, host, plugin):
-    run_config(validate(_config({"name": host, "plugin": {"name": plugin}})), tmp_path / "run")
+    config = _config({"name": host, "plugin": {"name": plugin}})
+    if plugin == "dp" and host != "fedbn":  # dp refuses running statistics its noise would not cover (test_dp.py)
+        config["model"] = {**config["model"], "norm": "none"}
+    run_config(validate(config), tmp_path / "run")
     _check_finished(tmp_path / "run")
