@@ -67,8 +67,7 @@ def train(msg: Message, context: Context) -> Message:
     if bool(control.get("drop", False)):
         return Message(Error(SIMULATED_DROPOUT, "simulated dropout"), reply_to=msg)
     runner, client = _runner_for(context), partition_id(context)
-    saved = node_states(context, control)
-    state = _load_state(context) if saved is None else saved.load(int(control["state_round"]))
+    saved, state = _client_state(context, control)
     round_index = int(control["round"])
     reply, seconds = runner.fit(client, round_index, data_of(msg.content), state)
     if saved is None:
@@ -81,10 +80,14 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     runner, client = _runner_for(context), partition_id(context)
-    saved = node_states(context, control_of(msg.content))
-    state = _load_state(context) if saved is None else saved.load(int(control_of(msg.content)["state_round"]))
-    metrics = runner.evaluate(client, data_of(msg.content), state)
+    metrics = runner.evaluate(client, data_of(msg.content), _client_state(context, control_of(msg.content))[1])
     return Message(RecordDict({METRICS_RECORD: metrics_record(metrics)}), reply_to=msg)
+
+
+def _client_state(context: Context, control: ConfigRecord) -> tuple[NodeStates | None, ClientState]:
+    """(the node's saved states, where it keeps them; the client's state the server names, or its context's)."""
+    saved = node_states(context, control)
+    return saved, _load_state(context) if saved is None else saved.load(int(control["state_round"]))
 
 
 def node_states(context: Context, control: ConfigRecord) -> NodeStates | None:
