@@ -15,9 +15,10 @@ from itertools import pairwise
 import pytest
 import torch
 
-from manytask.config import validate
+from manytask.config import to_yaml, validate
 from manytask.errors import ManytaskError
-from manytask.launch import resume, run_config
+from manytask.launch import plan, resume, run_config
+from manytask.rundir import RunDir
 from tests.conftest import small_config_dict
 from tests.flower_support import FakeGrid, listeners_of
 
@@ -25,8 +26,10 @@ pytest.importorskip("flwr")
 from flwr.supercore.task_identity import TaskIdentity
 
 from manytask.engine.flower import transport as transport_module
-from manytask.engine.flower.cluster import LocalCluster
+from manytask.engine.flower.cluster import LocalCluster, flower_env
 from manytask.engine.flower.credentials import write_loopback_certificates, write_node_key
+from manytask.engine.flower.deployment import flwr_cli, json_in, run_on_superlink
+from manytask.engine.flower.drill import Drill
 from manytask.engine.flower.transport import GridTransport
 from manytask.report import write_report
 
@@ -166,7 +169,7 @@ def test_only_registered_supernodes_join_an_authenticating_superlink(tmp_path):
     local = run_config(validate(small_config_dict(federation=THREE_CLIENTS, rounds=2, eval_every=2,
                                                   execution="sequential")), tmp_path / "local")["fedavg"]
     with LocalCluster(3, tmp_path / "cluster", tls=tls, auth=True) as cluster:
-        rogue = cluster.start_node("rogue", 0, write_node_key(tmp_path / "rogue", "rogue"))
+        rogue = cluster.start_extra_node("rogue", 0, write_node_key(tmp_path / "rogue", "rogue"))
         assert rogue.wait(timeout=120) != 0
         config = _deployed(cluster, tmp_path, rounds=2, flower={"root_certificates": str(tls.ca_cert)})
         deployed = run_config(validate(config), tmp_path / "flower")["fedavg"]
@@ -203,6 +206,38 @@ def test_a_deployed_run_resumes_exactly_after_every_supernode_and_the_superlink_
         assert resumed[key] == full[key], key
     rows = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3, 4] and all(not r["failures"] for r in rows)
+
+
+@pytest.mark.slow
+def test_a_run_whose_superlink_was_killed_mid_round_resumes_exactly_on_the_restarted_superlink(tmp_path):
+    """A drill holds FedDyn's round 3 once its training messages are on the SuperLink (before any reply is read);
+    its action SIGKILLs the SuperLink with its ServerApp. The SuperLink is started again on the same port and SQLite
+    database (the SuperNodes reconnect on their own), the run is resumed: the uninterrupted run's metrics and
+    bytes. The database kept the killed run: the restarted SuperLink lists both runs."""
+    config = small_config_dict(federation=THREE_CLIENTS, method="feddyn", rounds=4, eval_every=2)
+    full = run_config(validate({**config, "execution": "sequential"}), tmp_path / "full")["feddyn"]
+    with LocalCluster(3, tmp_path / "cluster", state_root=tmp_path / "states",
+                      database=tmp_path / "superlink.db") as cluster:
+        config.update(engine="flower", flower={"superlink": cluster.address, "round_timeout": 120})
+        (experiment,) = plan(validate(config))
+        run_dir = RunDir(tmp_path / "cut")
+        run_dir.start(to_yaml(experiment.config), experiment.federation.to_json())
+
+        def kill_the_superlink() -> bool:
+            cluster.kill_superlink()
+            return False  # the run stays held: its SuperLink is gone
+
+        drill = Drill({"mid-3": kill_the_superlink})
+        assert run_on_superlink(experiment, run_dir, drill=drill) is None and drill.done == ["mid-3"]
+        assert [row["round"] for row in run_dir.read_metrics()] == [1, 2]
+        cluster.start_superlink()
+        resumed = resume(tmp_path / "cut")["feddyn"]
+        runs = json_in(flwr_cli(["ls", "manytask", "--format", "json"], flower_env(tmp_path / "cut/flower/home")))
+    for key in ("tasks", "bytes_up", "bytes_down", "failed_clients"):
+        assert resumed[key] == full[key], key
+    assert [row["round"] for row in run_dir.read_metrics()] == [1, 2, 3, 4]
+    assert all(not row["failures"] for row in run_dir.read_metrics())
+    assert len(runs["runs"]) == 2 and (tmp_path / "cluster" / "superlink.2.log").is_file()
 
 
 def test_a_node_without_the_state_the_server_names_says_what_it_holds(tmp_path):
@@ -289,6 +324,17 @@ def test_an_offline_node_is_lost_at_once_and_a_restarted_one_takes_over_its_clie
                                  "not waited for since")
     grid.partition[13], grid.state[13] = 2, "up"  # the restarted SuperNode registers with a new node id
     assert _fake_round(transport, 1)[0] == {} and transport.nodes[2] == 13
+
+
+def test_a_node_restarted_before_the_server_noticed_its_death_takes_over_and_nobody_waits(grid):
+    """Killed between rounds and started again at once: the SuperLink lists both ids (the dead one until its
+    heartbeats expire); the new node answers its handshake and serves the client, the dead id is sent nothing (so
+    nothing waits for it)."""
+    transport = _transport(grid)
+    assert _fake_round(transport, 0)[0] == {}
+    grid.state[12], grid.partition[13], grid.state[13] = "dead", 2, "up"
+    assert _fake_round(transport, 1)[0] == {}
+    assert transport.nodes[2] == 13 and grid.sent_to(12, "train") == 1 and grid.sent_to(13, "train") == 1
 
 
 def test_a_node_dead_before_the_handshake_is_unreached_until_a_new_node_serves_its_client(grid):

@@ -2,11 +2,13 @@
 
 The ServerApp runs next to the SuperLink and writes the run directory there; SuperNodes rebuild their own
 partition from the config they receive. `flwr run` exits 0 even when a run fails, so the run's status is read
-back with `flwr ls` and a failed run becomes a clear error."""
+back with `flwr ls` and a failed run becomes a clear error. Given a `Drill`, the run is held at the drill's points
+and the driver acts there (`drill.py`)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 
 from manytask.config import FlowerConfig, to_yaml
 from manytask.engine.flower.cluster import flower_command, flower_env
+from manytask.engine.flower.drill import HOLD_KEY, Drill, holds_folder
 from manytask.engine.loop import RoundObserver
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
@@ -21,6 +24,7 @@ from manytask.rundir import RunDir
 
 CONNECTION = "manytask"
 POLL_SECONDS = 1.0
+HELD = "held by a drill"  # `_follow`'s status of a run a drill's action left held
 APP_PYPROJECT = """\
 [project]
 name = "manytask-run"
@@ -39,6 +43,7 @@ clientapp = "manytask.engine.flower.client_app:app"
 manytask-config = ""
 run-dir = ""
 stop-after = 0
+hold-at = ""
 """
 
 
@@ -50,29 +55,35 @@ def connection_toml(flower: FlowerConfig) -> str:
             f"address = {json.dumps(flower.superlink)}\n{security}\n")
 
 
-def run_config_toml(experiment: Experiment, run_dir: RunDir, stop_after: int | None = None) -> str:
+def run_config_toml(experiment: Experiment, run_dir: RunDir, stop_after: int | None = None,
+                    drill: Drill | None = None) -> str:
     """The run's config for the ServerApp; JSON string escapes are valid TOML basic strings. `stop-after` 0 runs
-    to the end (Flower accepts only the keys the app declares, each with a value)."""
+    to the end, `hold-at` "" holds nowhere (Flower accepts only the keys the app declares, each with a value)."""
     return (f"manytask-config = {json.dumps(to_yaml(experiment.config))}\n"
-            f"run-dir = {json.dumps(str(run_dir.path.resolve()))}\nstop-after = {int(stop_after or 0)}\n")
+            f"run-dir = {json.dumps(str(run_dir.path.resolve()))}\nstop-after = {int(stop_after or 0)}\n"
+            f"{HOLD_KEY} = {json.dumps(drill.run_config_value if drill else '')}\n")
 
 
 def run_on_superlink(
-    experiment: Experiment, run_dir: RunDir, observer: RoundObserver | None = None, stop_after: int | None = None
+    experiment: Experiment, run_dir: RunDir, observer: RoundObserver | None = None, stop_after: int | None = None,
+    drill: Drill | None = None,
 ) -> dict[str, Any] | None:
     """Submit the run to the SuperLink and follow it; the summary, or None when it stopped at `stop_after`
-    completed rounds (checkpointed, to be resumed)."""
+    completed rounds (checkpointed, to be resumed) or a drill's action left it held."""
     work = run_dir.path / "flower"
     (work / "app").mkdir(parents=True, exist_ok=True)
     (work / "app" / "pyproject.toml").write_text(APP_PYPROJECT)
     (work / "home").mkdir(exist_ok=True)
     (work / "home" / "config.toml").write_text(connection_toml(experiment.config.flower))
-    (work / "run-config.toml").write_text(run_config_toml(experiment, run_dir, stop_after))
+    (work / "run-config.toml").write_text(run_config_toml(experiment, run_dir, stop_after, drill))
+    shutil.rmtree(holds_folder(run_dir.path), ignore_errors=True)  # an earlier submission's holds
     env = flower_env(work / "home")
     run_id = _submit(work, env)
     if observer:
         observer.started(experiment.label, experiment.total_rounds, 0)
-    status = _follow(run_id, experiment, run_dir, env, observer)
+    status = _follow(run_id, experiment, run_dir, env, observer, drill)
+    if status["status"] == HELD:
+        return None
     stopped = stop_after is not None and len(run_dir.read_metrics()) >= stop_after
     if status["status"] == "finished:completed" and stopped and not run_dir.summary.exists():
         return None
@@ -84,7 +95,7 @@ def run_on_superlink(
     return json.loads(run_dir.summary.read_text())
 
 
-def _flwr(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
+def flwr_cli(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
     done = subprocess.run([flower_command("flwr"), *args], capture_output=True, text=True, env=env, timeout=timeout)
     if done.returncode != 0:
         raise ManytaskError(f"'flwr {args[0]}' failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}.")
@@ -92,18 +103,20 @@ def _flwr(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
 
 
 def _submit(work: Path, env: dict[str, str]) -> str:
-    out = _flwr(["run", str(work / "app"), CONNECTION, "--run-config", str(work / "run-config.toml"),
+    out = flwr_cli(["run", str(work / "app"), CONNECTION, "--run-config", str(work / "run-config.toml"),
                  "--format", "json"], env)
-    reply = _json_in(out)
+    reply = json_in(out)
     if not reply.get("success"):
         raise ManytaskError(f"the SuperLink refused the run: {reply.get('error-message', out.strip())}.")
     return str(reply["run-id"])
 
 
 def _follow(
-    run_id: str, experiment: Experiment, run_dir: RunDir, env: dict[str, str], observer: RoundObserver | None
+    run_id: str, experiment: Experiment, run_dir: RunDir, env: dict[str, str], observer: RoundObserver | None,
+    drill: Drill | None,
 ) -> dict[str, Any]:
-    """Poll the run's status until it finishes (with a deadline), reporting rounds as metrics.jsonl grows."""
+    """Poll the run's status until it finishes (with a deadline), reporting rounds as metrics.jsonl grows and
+    serving the drill's hold points (status `HELD` once an action leaves the run held)."""
     flower = experiment.config.flower
     deadline = time.monotonic() + flower.connect_timeout + experiment.total_rounds * flower.round_timeout
     reported = 0
@@ -116,19 +129,21 @@ def _follow(
         reported = len(rows)
         if status["status"].startswith("finished"):
             return status
+        if drill and not drill.serve(holds_folder(run_dir.path)):
+            return {"status": HELD}
         time.sleep(POLL_SECONDS)
-    _flwr(["stop", run_id, CONNECTION], env)
+    flwr_cli(["stop", run_id, CONNECTION], env)
     raise ManytaskError(f"Flower run {run_id} did not finish before its deadline; it was stopped.")
 
 
 def _status(run_id: str, env: dict[str, str]) -> dict[str, Any]:
-    runs = _json_in(_flwr(["ls", CONNECTION, "--run-id", run_id, "--format", "json"], env)).get("runs", [])
+    runs = json_in(flwr_cli(["ls", CONNECTION, "--run-id", run_id, "--format", "json"], env)).get("runs", [])
     if not runs:
         raise ManytaskError(f"the SuperLink does not know run {run_id}.")
     return runs[0]
 
 
-def _json_in(text: str) -> dict[str, Any]:
+def json_in(text: str) -> dict[str, Any]:
     """The JSON object in a `flwr --format json` output (which may have log lines around it)."""
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end < start:

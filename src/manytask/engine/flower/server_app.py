@@ -3,7 +3,7 @@
 In a deployment the SuperLink starts it with the run config `manytask-config` (the single-method config as YAML),
 `run-dir` (where metrics, checkpoints and the summary go, on the SuperLink's machine) and, optionally,
 `stop-after` (stop, checkpointed, after that many completed rounds: a resumable interruption driven by the code;
-0 runs to the end)."""
+0 runs to the end) and `hold-at` (a drill's hold points, `drill.py`; "" for none)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from manytask.config import to_yaml, validate
 from manytask.engine.checkpoint import identity_of
+from manytask.engine.flower.drill import HOLD_KEY, ServerHolds, holds_folder, parse_points
 from manytask.engine.flower.transport import GridTransport
 from manytask.engine.loop import RoundLoop, RoundObserver
 from manytask.experiment import Experiment
@@ -26,15 +27,16 @@ app = ServerApp()
 
 def serve(
     grid: Grid, experiment: Experiment, run_dir: RunDir, observer: RoundObserver | None = None,
-    stop_after: int | None = None,
+    stop_after: int | None = None, holds: ServerHolds | None = None,
 ) -> dict[str, Any] | None:
-    """Run the experiment's rounds through `grid`; returns the summary (None if stopped at `stop_after`)."""
+    """Run the experiment's rounds through `grid`; returns the summary (None if stopped at `stop_after`). With
+    `holds` (a drill), the run waits at its hold points (it is then the loop's observer)."""
     flower = experiment.config.flower
     transport = GridTransport(
         grid, experiment.federation.num_clients, to_yaml(experiment.config), flower.round_timeout,
-        flower.connect_timeout, run_key(experiment, run_dir),
+        flower.connect_timeout, run_key(experiment, run_dir), holds.pushed if holds else None,
     )
-    return RoundLoop(experiment, run_dir, transport, observer).run(stop_after)
+    return RoundLoop(experiment, run_dir, transport, holds or observer).run(stop_after)
 
 
 def run_key(experiment: Experiment, run_dir: RunDir) -> str:
@@ -54,4 +56,7 @@ def main(grid: Grid, context: Context) -> None:
     if not run_dir.config.exists():
         run_dir.start(to_yaml(experiment.config), experiment.federation.to_json())
     stop_after = int(context.run_config.get("stop-after", 0))
-    serve(grid, experiment, run_dir, stop_after=stop_after or None)
+    points = parse_points(str(context.run_config.get(HOLD_KEY, "")))
+    holds = ServerHolds(holds_folder(run_dir.path), points, experiment.config.flower.connect_timeout) if points \
+        else None
+    serve(grid, experiment, run_dir, stop_after=stop_after or None, holds=holds)

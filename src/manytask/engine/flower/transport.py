@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,9 +49,10 @@ class Answers:
 class GridTransport:
     def __init__(
         self, grid: Grid, num_clients: int, config_text: str, round_timeout: float, connect_timeout: float,
-        run_key: str = "",
+        run_key: str = "", on_pushed: Callable[[str, str], None] | None = None,
     ) -> None:
         self.grid = grid
+        self.on_pushed = on_pushed  # told (message type, group) once a batch of messages is on the SuperLink
         self.run_key = run_key  # names this run's client states on the SuperNodes that keep them (`state-path`)
         # client -> the last round whose reply arrived: the state its node must load next (0: none yet); and the
         # same as of the last checkpoint, below which a node may delete its saved states
@@ -166,14 +167,14 @@ class GridTransport:
     # -- lost clients coming back --------------------------------------------------------------------------------
 
     def _admit_new_nodes(self) -> None:
-        """While a client is missing, handshake node ids never seen before (a restarted SuperNode registers with a
-        new id): each that answers takes over its partition-id. Waits only when such a node exists."""
-        if not self.absent():
-            return
+        """Handshake node ids never seen before (a restarted SuperNode registers with a new id, a late one joins):
+        each that answers serves its partition-id from now on, also in place of a node the server has not yet
+        noticed is dead (the SuperLink lists a killed node until its heartbeats expire). Waits only when such a
+        node exists."""
         fresh = set(self.grid.get_node_ids()) - self.seen
         if fresh:
             for node, reply in self._greet(fresh).replies.items():
-                self._take_back(_client_of(reply), node)
+                self._take_back(_client_of(reply), node, newest=True)
 
     def _push_probes(self) -> None:
         """One pending probe per silent node (a lost client's, or one that never answered its handshake)."""
@@ -188,14 +189,17 @@ class GridTransport:
         if not reply.has_error():
             self._take_back(_client_of(reply), node)
 
-    def _take_back(self, client: int, node: int) -> None:
-        """A node answered for `client`: it serves the client again from the next exchange on (unless another
-        node serves it now: then this one is a duplicate, neither probed nor sent work)."""
+    def _take_back(self, client: int, node: int, newest: bool = False) -> None:
+        """A node answered for `client`: it serves the client from the next exchange on. A probed node whose client
+        another node serves now is left idle (neither probed nor sent work); a node that just registered (`newest`)
+        replaces the one serving the client: the SuperNode started last is the one that is up."""
         self.mute.discard(node)
-        if client not in self.absent() and self.nodes.get(client) not in (None, node):
-            LOG.warning("node %d answered for client %d, which node %d serves; ignored", node, client,
-                        self.nodes[client])
-            return
+        serving = self.nodes.get(client)
+        if client not in self.absent() and serving not in (None, node):
+            if not newest:
+                LOG.warning("node %d answered for client %d, which node %d serves; ignored", node, client, serving)
+                return
+            LOG.warning("node %d, new, answered for client %d: it replaces node %d", node, client, serving)
         self.nodes[client] = node
         self.lost.pop(client, None)
         self.unreached.pop(client, None)
@@ -234,6 +238,8 @@ class GridTransport:
                 node_of[message_id] = node
             else:
                 answers.failures[node] = "the SuperLink refused the message"
+        if self.on_pushed:
+            self.on_pushed(kind, group)
         deadline = time.monotonic() + self.round_timeout
         pending = set(node_of)
         began = time.monotonic()
