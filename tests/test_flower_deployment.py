@@ -1,7 +1,8 @@
 """Real Flower deployments on loopback: a SuperLink and SuperNodes as separate processes, runs submitted with
-`flwr run`. Same numbers as the local engine, a killed SuperNode (lost once, never waited for again), TLS, no
-listener beyond loopback, and `local-cluster` noticing a dead SuperNode. The transport's handling of lost nodes is
-also checked against a fake Grid (fast), where a node can die in the middle of a run at an exact round."""
+`flwr run`. Same numbers as the local engine, TLS and SuperNode authentication, no listener beyond loopback, exact
+resume after every daemon's restart and after the SuperLink's death mid-round, and `local-cluster` noticing a dead
+SuperNode. Killed nodes in a running deployment: tests/test_flower_churn.py. The transport's handling of lost nodes
+is also checked against a fake Grid (fast), where a node can die in the middle of a run at an exact round."""
 
 import json
 import os
@@ -9,7 +10,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from itertools import pairwise
 
 import pytest
@@ -31,7 +31,6 @@ from manytask.engine.flower.credentials import write_loopback_certificates, writ
 from manytask.engine.flower.deployment import flwr_cli, json_in, run_on_superlink
 from manytask.engine.flower.drill import Drill
 from manytask.engine.flower.transport import GridTransport
-from manytask.report import write_report
 
 # -ww: ps otherwise cuts `args` at $COLUMNS where that is set (a CI runner may set it)
 PS_CHILDREN = ["ps", "-ww", "-o", "pid=,args=", "--ppid"]
@@ -65,33 +64,6 @@ def test_fedavg_and_fedprox_on_three_supernodes_match_the_local_engine(tmp_path)
         assert deployed[label]["bytes_down"] == local[label]["bytes_down"]
 
 
-ROUND_TIMEOUT = 40  # the deployment below waits it once, for the killed node; rounds take 10-20 s on 2 busy cores
-
-
-@pytest.mark.slow
-def test_a_supernode_killed_after_round_3_costs_one_timeout_and_is_reported(tmp_path):
-    run_dir = tmp_path / "run"
-    with LocalCluster(3, tmp_path / "cluster") as cluster:
-        config = _deployed(cluster, tmp_path, method="fedavg", rounds=5, flower={"round_timeout": ROUND_TIMEOUT})
-        first = _timed(lambda: run_config(validate(config), run_dir, stop_after=3))  # rounds 1-3, checkpointed
-        cluster.kill_node(2)  # between rounds 3 and 4: driven by the round counter, not by a clock
-        second = _timed(lambda: resume(run_dir))  # rounds 4-5: the SuperLink still lists the dead node
-        assert cluster.dead_nodes() == [2] and cluster.dead_nodes() == []  # reported once
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    healthy, after = rows[:3], rows[3:]
-    seconds = [round(r["wall_seconds"], 1) for r in rows]
-    print(f"wall seconds per round: {seconds}; run 1 (3 rounds) {first:.1f} s, resumed run (2 rounds) {second:.1f} s")
-    assert all(r["dropped"] == [] for r in healthy)
-    assert all(r["dropped"] == [2] and "not waited for since" in r["failures"]["2"] for r in after), rows
-    assert all(set(r["bytes_up"]) == {"0", "1"} for r in after)
-    # The one timeout is the resumed run's handshake (the SuperLink lists the dead node until its heartbeats
-    # expire); no round waits for the node: its reason is the handshake's in both rounds, never a round's "no reply
-    # within". The seconds are printed for the record (docs/robustness.md), not asserted: CI machines are busy.
-    failed = json.loads((run_dir / "summary.json").read_text())["failed_clients"]
-    assert list(failed) == ["2"] and failed["2"]["rounds"] == 2 and "handshake" in failed["2"]["reason"]
-    assert "client 2" in write_report(run_dir).read_text()
-
-
 @pytest.mark.slow
 def test_local_cluster_command_reports_a_dead_supernode_and_reaps_its_children(tmp_path):
     """The SuperNode's own process dies alone (its flower-superexec child lives on): the command says so once and
@@ -118,12 +90,6 @@ def test_local_cluster_command_reports_a_dead_supernode_and_reaps_its_children(t
             rest = cli.communicate(timeout=60)[0]
     assert "SuperLink on 127.0.0.1:" in "".join(started) and "cluster stopped." in rest
     assert "exited with code" not in rest  # said once
-
-
-def _timed(action) -> float:
-    began = time.monotonic()
-    action()
-    return time.monotonic() - began
 
 
 def _read_until(process: subprocess.Popen, text: str) -> list[str]:

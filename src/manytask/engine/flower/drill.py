@@ -14,6 +14,7 @@ Drills need the driver and the ServerApp to share the run directory: a SuperLink
 
 from __future__ import annotations
 
+import random
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from manytask.errors import ManytaskError
 
 HOLD_KEY = "hold-at"  # the ServerApp's run-config key
 HOLD_POLL_SECONDS = 0.05  # how often a held ServerApp looks for its release
+HOLD_TIMEOUT = 600.0  # seconds a held ServerApp waits for its driver (an action may restart daemons) before failing
 _POINT = re.compile(r"(after|mid)-([1-9]\d*)")
 
 Action = Callable[[], bool]
@@ -68,6 +70,56 @@ class Drill:
                 return False
             (folder / f"{point}.go").touch()
         return True
+
+
+@dataclass(frozen=True)
+class Churn:
+    """A schedule of SuperNodes leaving and joining a run, each event after a round (`after-R`): `kills[n]` = R
+    kills node n after round R; `restarts[n]` = R starts it again after round R; `joins[n]` = R starts node n, absent
+    until then, after round R."""
+
+    kills: dict[int, int]
+    restarts: dict[int, int]
+    joins: dict[int, int]
+
+    def down(self, node: int, round_number: int) -> bool:
+        """Whether `node` is not running during round `round_number` (from 1)."""
+        if node in self.joins:
+            return round_number <= self.joins[node]
+        killed, restarted = self.kills.get(node), self.restarts.get(node)
+        return killed is not None and killed < round_number and (restarted is None or round_number <= restarted)
+
+    def drill(self, kill: Callable[[int], None], start: Callable[[int], None]) -> Drill:
+        """The drill that carries the schedule out with these actions on a node (a kill, a start)."""
+        events: dict[int, list[Callable[[], None]]] = {}
+        for node, after in self.kills.items():
+            events.setdefault(after, []).append(lambda node=node: kill(node))
+        for node, after in [*self.restarts.items(), *self.joins.items()]:
+            events.setdefault(after, []).append(lambda node=node: start(node))
+
+        def act(actions: list[Callable[[], None]]) -> Action:
+            def run_all() -> bool:
+                for action in actions:
+                    action()
+                return True
+
+            return run_all
+
+        return Drill({f"after-{after}": act(actions) for after, actions in sorted(events.items())})
+
+
+def churn_schedule(seed: int, nodes: int, rounds: int, kills: int = 3, restarts: int = 2, joins: int = 1) -> Churn:
+    """A seeded churn schedule: `kills` nodes killed after rounds 1 to rounds-3, `restarts` of them started again
+    at least one round later (by round rounds-2), and `joins` other nodes absent until a round from 1 to rounds-2."""
+    if rounds < 4 or kills + joins > nodes or restarts > kills:
+        raise ManytaskError(f"no churn of {kills} kills ({restarts} restarted) and {joins} late nodes fits {nodes} "
+                            f"nodes and {rounds} rounds (it needs 4 rounds or more).")
+    rng = random.Random(seed)
+    chosen = rng.sample(range(nodes), kills + joins)
+    victims, late = chosen[:kills], chosen[kills:]
+    killed = {node: rng.randint(1, rounds - 3) for node in victims}
+    restarted = {node: rng.randint(killed[node] + 1, rounds - 2) for node in rng.sample(victims, restarts)}
+    return Churn(killed, restarted, {node: rng.randint(1, rounds - 2) for node in late})
 
 
 class ServerHolds:

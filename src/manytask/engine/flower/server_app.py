@@ -16,7 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from manytask.config import to_yaml, validate
 from manytask.engine.checkpoint import identity_of
-from manytask.engine.flower.drill import HOLD_KEY, ServerHolds, holds_folder, parse_points
+from manytask.engine.flower.drill import HOLD_KEY, HOLD_TIMEOUT, ServerHolds, holds_folder, parse_points
 from manytask.engine.flower.transport import GridTransport
 from manytask.engine.loop import RoundLoop, RoundObserver
 from manytask.experiment import Experiment
@@ -57,6 +57,5 @@ def main(grid: Grid, context: Context) -> None:
         run_dir.start(to_yaml(experiment.config), experiment.federation.to_json())
     stop_after = int(context.run_config.get("stop-after", 0))
     points = parse_points(str(context.run_config.get(HOLD_KEY, "")))
-    holds = ServerHolds(holds_folder(run_dir.path), points, experiment.config.flower.connect_timeout) if points \
-        else None
+    holds = ServerHolds(holds_folder(run_dir.path), points, HOLD_TIMEOUT) if points else None
     serve(grid, experiment, run_dir, stop_after=stop_after or None, holds=holds)
