@@ -1,6 +1,6 @@
 """A loopback deployment (3 SuperNodes, FedAvg) in which SuperNode 2 dies after round 3, during the run: how long
 each round takes before and after (issue 17's "rounds after the kill take no longer than healthy ones plus one
-timeout in total"). The kill is driven by the round counter (an observer of round 3), not by a clock.
+timeout in total"). The kill happens at a drill's hold point after round 3 (`engine/flower/drill.py`), not at a time.
 
     .venv/bin/python scripts/flower_lost_node.py OUT [--rounds 7] [--timeout 40] [--freeze]
 
@@ -20,7 +20,8 @@ from typing import Any
 
 from manytask.config import validate
 from manytask.engine.flower.cluster import LocalCluster
-from manytask.launch import run_config
+from manytask.engine.flower.deployment import run_drill
+from manytask.engine.flower.drill import Drill
 
 # -ww: ps otherwise cuts `args` at $COLUMNS where that is set (a CI runner may set it)
 PS_CHILDREN = ["ps", "-ww", "-o", "pid=,args=", "--ppid"]
@@ -38,27 +39,18 @@ def config(address: str, rounds: int, timeout: float) -> dict[str, Any]:
     }
 
 
-class StopNodeAfter:
-    """A round observer that kills (or freezes) SuperNode `KILLED` once round `AFTER` is done."""
-
-    def __init__(self, cluster: LocalCluster, freeze: bool) -> None:
-        self.cluster, self.freeze = cluster, freeze
-
-    def started(self, label: str, total_rounds: int, done_rounds: int) -> None:
-        pass
-
-    def finished_round(self, row: dict[str, Any]) -> None:
-        print(f"round {row['round']}: {row['wall_seconds']:.1f} s, failures {row['failures']}", flush=True)
-        if row["round"] != AFTER:
-            return
-        if not self.freeze:
-            self.cluster.kill_node(KILLED)
-            return
-        node = self.cluster.supernodes[KILLED].pid
-        children = subprocess.run([*PS_CHILDREN, str(node)], capture_output=True, text=True)
-        for line in children.stdout.splitlines():
-            if "flower-superexec" in line:
-                os.kill(int(line.split()[0]), signal.SIGSTOP)
+def stop_node(cluster: LocalCluster, freeze: bool) -> bool:
+    """Kill SuperNode `KILLED` (or freeze its flower-superexec); the run goes on."""
+    if not freeze:
+        cluster.kill_node(KILLED)
+        return True
+    node = cluster.supernodes[KILLED]
+    assert node is not None
+    children = subprocess.run([*PS_CHILDREN, str(node.pid)], capture_output=True, text=True)
+    for line in children.stdout.splitlines():
+        if "flower-superexec" in line:
+            os.kill(int(line.split()[0]), signal.SIGSTOP)
+    return True
 
 
 def main() -> None:
@@ -70,13 +62,15 @@ def main() -> None:
     args = parser.parse_args()
     began = time.monotonic()
     with LocalCluster(3, args.out / "cluster") as cluster:
-        run_config(validate(config(cluster.address, args.rounds, args.timeout)), args.out / "run",
-                   StopNodeAfter(cluster, args.freeze))
+        drill = Drill({f"after-{AFTER}": lambda: stop_node(cluster, args.freeze)})
+        run_drill(validate(config(cluster.address, args.rounds, args.timeout)), args.out / "run", drill)
     rows = [json.loads(line) for line in (args.out / "run" / "metrics.jsonl").read_text().splitlines()]
     seconds = [r["wall_seconds"] for r in rows]
     healthy = sum(seconds[:AFTER]) / AFTER
     after = sum(seconds[AFTER:])
     bound = healthy * (len(rows) - AFTER) + args.timeout
+    for row in rows:
+        print(f"round {row['round']}: {row['wall_seconds']:.1f} s, failures {row['failures']}")
     print(f"seconds per round: {[round(s, 1) for s in seconds]}")
     print(f"after the kill: {after:.1f} s; healthy mean × rounds + one timeout: {bound:.1f} s "
           f"({'within' if after <= bound else 'OVER'}); whole run {time.monotonic() - began:.0f} s")

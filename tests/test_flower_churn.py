@@ -12,11 +12,10 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from manytask.config import to_yaml, validate
+from manytask.config import validate
 from manytask.engine.flower.cluster import LocalCluster
-from manytask.engine.flower.deployment import run_on_superlink
+from manytask.engine.flower.deployment import run_drill
 from manytask.engine.flower.drill import churn_schedule
-from manytask.launch import plan
 from manytask.report import write_report
 from manytask.rundir import RunDir
 from tests.conftest import small_config_dict
@@ -37,11 +36,9 @@ def test_twelve_supernodes_follow_a_seeded_churn_schedule(tmp_path):
     with LocalCluster(NODES, tmp_path / "cluster", late=churn.joins) as cluster:
         config.update(engine="flower", flower={"superlink": cluster.address, "round_timeout": ROUND_TIMEOUT,
                                                "connect_timeout": 5})
-        (experiment,) = plan(validate(config))
-        run_dir = RunDir(tmp_path / "run")
-        run_dir.start(to_yaml(experiment.config), experiment.federation.to_json())
-        drill = churn.drill(kill=cluster.kill_node, start=lambda node: cluster.start_node(node))
-        summary = run_on_superlink(experiment, run_dir, drill=drill)
+        drill = churn.drill(kill=cluster.kill_node, start=cluster.start_node)
+        summary = run_drill(validate(config), tmp_path / "run", drill)
+    run_dir = RunDir(tmp_path / "run")
     assert summary is not None and summary["rounds"] == ROUNDS
     assert drill.done == sorted(drill.actions, key=lambda point: int(point.split("-")[1]))
     rows = run_dir.read_metrics()

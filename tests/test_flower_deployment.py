@@ -15,9 +15,9 @@ from itertools import pairwise
 import pytest
 import torch
 
-from manytask.config import to_yaml, validate
+from manytask.config import validate
 from manytask.errors import ManytaskError
-from manytask.launch import plan, resume, run_config
+from manytask.launch import resume, run_config
 from manytask.rundir import RunDir
 from tests.conftest import small_config_dict
 from tests.flower_support import FakeGrid, listeners_of
@@ -28,7 +28,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from manytask.engine.flower import transport as transport_module
 from manytask.engine.flower.cluster import LocalCluster, flower_env
 from manytask.engine.flower.credentials import write_loopback_certificates, write_node_key
-from manytask.engine.flower.deployment import flwr_cli, json_in, run_on_superlink
+from manytask.engine.flower.deployment import flwr_cli, json_in, run_drill
 from manytask.engine.flower.drill import Drill
 from manytask.engine.flower.transport import GridTransport
 
@@ -185,16 +185,14 @@ def test_a_run_whose_superlink_was_killed_mid_round_resumes_exactly_on_the_resta
     with LocalCluster(3, tmp_path / "cluster", state_root=tmp_path / "states",
                       database=tmp_path / "superlink.db") as cluster:
         config.update(engine="flower", flower={"superlink": cluster.address, "round_timeout": 120})
-        (experiment,) = plan(validate(config))
-        run_dir = RunDir(tmp_path / "cut")
-        run_dir.start(to_yaml(experiment.config), experiment.federation.to_json())
 
         def kill_the_superlink() -> bool:
             cluster.kill_superlink()
             return False  # the run stays held: its SuperLink is gone
 
         drill = Drill({"mid-3": kill_the_superlink})
-        assert run_on_superlink(experiment, run_dir, drill=drill) is None and drill.done == ["mid-3"]
+        assert run_drill(validate(config), tmp_path / "cut", drill) is None and drill.done == ["mid-3"]
+        run_dir = RunDir(tmp_path / "cut")
         assert [row["round"] for row in run_dir.read_metrics()] == [1, 2]
         cluster.start_superlink()
         resumed = resume(tmp_path / "cut")["feddyn"]

@@ -318,6 +318,9 @@ def local_cluster(
     auth: Annotated[bool, typer.Option(
         "--auth", help="SuperNode authentication: each node's key is made and registered, any other node is "
         "refused (TLS: --tls-dir, or loopback certificates made in WORKDIR/certs)")] = False,
+    database: Annotated[Path | None, typer.Option(
+        "--database", help="the SuperLink keeps its state in this SQLite file: started again after a crash, it "
+        "knows its runs and nodes (default: in memory)")] = None,
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, print how to run against them, say when a SuperNode exits
     (and clean up after it), stop them on Ctrl-C."""
@@ -338,7 +341,8 @@ def local_cluster(
         if auth and tls is None:
             tls = write_loopback_certificates(workdir / "certs")
         data = None if partitions is None else [partitions / f"client-{k}" for k in range(nodes)]
-        with LocalCluster(nodes, workdir, tls, port, data, auth=auth, state_root=states) as cluster:
+        with LocalCluster(nodes, workdir, tls, port, data, auth=auth, state_root=states,
+                          database=database) as cluster:
             certs = "" if tls is None else f" flower.root_certificates={tls.ca_cert}"
             keys = (f"Only the {nodes} SuperNodes whose keys are in {workdir / 'keys'} may join.\n" if auth else "")
             out_console.print(

@@ -14,12 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from manytask.config import FlowerConfig, to_yaml
+from manytask.config import FlowerConfig, RunConfig, to_yaml
 from manytask.engine.flower.cluster import flower_command, flower_env
 from manytask.engine.flower.drill import HOLD_KEY, Drill, holds_folder
 from manytask.engine.loop import RoundObserver
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
+from manytask.launch import plan
 from manytask.rundir import RunDir
 
 CONNECTION = "manytask"
@@ -93,6 +94,18 @@ def run_on_superlink(
             f"its log: flwr log {run_id} {CONNECTION} --show (with FLWR_HOME={work / 'home'})."
         )
     return json.loads(run_dir.summary.read_text())
+
+
+def run_drill(config: RunConfig, out: Path, drill: Drill) -> dict[str, Any] | None:
+    """Start a one-method, one-seed `engine: flower` run in `out` under a drill; its summary, or None when an action
+    left it held (continue it with `manytask run --resume`, or `launch.resume`)."""
+    experiments = plan(config)
+    if len(experiments) != 1 or config.engine != "flower":
+        raise ManytaskError(f"a drill runs one method with one seed on engine flower; this config has "
+                            f"{len(experiments)} member(s) on engine {config.engine}.")
+    run_dir = RunDir(out)
+    run_dir.start(to_yaml(experiments[0].config), experiments[0].federation.to_json())
+    return run_on_superlink(experiments[0], run_dir, drill=drill)
 
 
 def flwr_cli(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
