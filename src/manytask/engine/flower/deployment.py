@@ -117,7 +117,7 @@ def flwr_cli(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
 
 def _submit(work: Path, env: dict[str, str]) -> str:
     out = flwr_cli(["run", str(work / "app"), CONNECTION, "--run-config", str(work / "run-config.toml"),
-                 "--format", "json"], env)
+                    "--format", "json"], env)
     reply = json_in(out)
     if not reply.get("success"):
         raise ManytaskError(f"the SuperLink refused the run: {reply.get('error-message', out.strip())}.")
