@@ -10,11 +10,17 @@ from manytask.cli import app
 pytestmark = pytest.mark.slow
 
 
+CHEAP_PARTS = ["engine", "workers", "memory", "matu", "sfmtl"]  # kernels: tests/test_kernels.py counts them per method
+
+
 def test_bench_prints_and_writes_its_ratios(tmp_path):
-    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "bench.json"), "--rounds", "1", "--no-flower",
-                                          "--matu-d", "1000", "--sfmtl-clients", "20"])
+    only = [arg for part in CHEAP_PARTS for arg in ("--only", part)]
+    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "bench.json"), "--rounds", "1", *only,
+                                      "--matu-d", "1000", "--sfmtl-clients", "20"])
     assert result.exit_code == 0, result.output
     figures = json.loads((tmp_path / "bench.json").read_text())
+    assert set(figures) == {"machine", "engine_overhead", "parallel_clients", "peak_memory", "matu_server_step",
+                            "sfmtl_graph"}
     assert [row["clients"] for row in figures["engine_overhead"]] == [30, 100]
     for row in figures["engine_overhead"]:
         assert row["ratio"] == pytest.approx(row["engine_s_per_round"] / row["bare_s_per_round"])
@@ -32,6 +38,20 @@ def test_bench_prints_and_writes_its_ratios(tmp_path):
     assert figures["sfmtl_graph"]["clients"] == 20 and figures["sfmtl_graph"]["graph_s"] > 0
     assert "engine / bare" in result.output and "bare / vectorized" in result.output
     assert "speed-up" in result.output and figures["machine"]["torch"]
+
+
+def test_the_limit_part_times_the_batched_round_against_one_model_on_the_concatenated_batches(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "bench.json"), "--rounds", "1",
+                                      "--only", "limit"])
+    assert result.exit_code == 0, result.output
+    limit = json.loads((tmp_path / "bench.json").read_text())["compute_limit"]
+    assert (limit["clients"], limit["turns"]) == (20, 3)
+    runs = ("batched", "concatenated", "sequential", "bare")
+    assert all(0 < limit[f"{run}_s_per_round"] < 60 for run in runs)
+    # each ratio is the median over turns of the paired rounds' ratio (bench.paired_ratio), not a ratio of medians
+    assert 0 < limit["batched_ratio"] < 10 and 0 < limit["sequential_ratio"] < 10
+    assert limit["checkpoint_share"] == pytest.approx(limit["checkpoint_s_per_round"] / limit["batched_s_per_round"])
+    assert "compute limit" in result.output.lower()
 
 
 def test_only_measures_the_parts_asked_for_and_names_the_valid_ones(tmp_path):
