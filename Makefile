@@ -20,7 +20,7 @@ run: setup  ## the default job (or: make run ARGS="configs/x.yaml rounds=5")
 
 test: setup  ## lint + the whole test suite (slow end-to-end tests included), over up to 4 processes
 	$(BIN)/ruff check src tests scripts
-	$(BIN)/python -m pytest --numprocesses auto --maxprocesses 4
+	$(BIN)/python -m pytest --numprocesses auto --maxprocesses 4 --dist worksteal
 
 lint: setup
 	$(BIN)/ruff check src tests scripts

@@ -49,22 +49,6 @@ def _assert_loopback_only(cluster):
 
 
 @pytest.mark.slow
-def test_fedavg_and_fedprox_on_three_supernodes_match_the_local_engine(tmp_path):
-    methods = ["fedavg", {"name": "fedprox", "mu": 0.1}]
-    local = run_config(validate(small_config_dict(federation=THREE_CLIENTS, method=methods, rounds=2, eval_every=2,
-                                                  execution="sequential")),
-                       tmp_path / "local")
-    with LocalCluster(3, tmp_path / "cluster") as cluster:
-        _assert_loopback_only(cluster)
-        deployed = run_config(validate(_deployed(cluster, tmp_path, method=methods, rounds=2)), tmp_path / "flower")
-        _assert_loopback_only(cluster)
-    for label in ("fedavg", "fedprox"):
-        assert deployed[label]["tasks"] == local[label]["tasks"], label
-        assert deployed[label]["bytes_up"] == local[label]["bytes_up"]
-        assert deployed[label]["bytes_down"] == local[label]["bytes_down"]
-
-
-@pytest.mark.slow
 def test_local_cluster_command_reports_a_dead_supernode_and_reaps_its_children(tmp_path):
     """The SuperNode's own process dies alone (its flower-superexec child lives on): the command says so once and
     kills what the node left behind, and keeps the cluster up until told to stop."""
@@ -114,34 +98,29 @@ def _group(pgid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_tls_deployment_completes_two_rounds(tmp_path):
+def test_a_tls_cluster_admits_only_registered_nodes_listens_on_loopback_and_matches_the_local_engine(tmp_path):
+    """TLS and `auth`: the cluster makes and registers its nodes' keys; a node signing with an unregistered key
+    (claiming client 0's partition) is refused and exits. FedAvg and FedProx then run on the registered nodes with
+    the local engine's metrics and bytes; nothing listens beyond loopback, and the SuperLink runs without
+    `--insecure`."""
+    methods = ["fedavg", {"name": "fedprox", "mu": 0.1}]
     tls = write_loopback_certificates(tmp_path / "certs")
-    with LocalCluster(3, tmp_path / "cluster", tls=tls) as cluster:
-        config = _deployed(cluster, tmp_path, method="fedavg", rounds=2,
-                           flower={"root_certificates": str(tls.ca_cert)})
-        summary = run_config(validate(config), tmp_path / "run")["fedavg"]
-        log = (tmp_path / "cluster" / "superlink.log").read_text()
-    assert summary["rounds"] == 2
-    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
-    assert "--insecure" not in log and "insecure" not in log.lower()
-
-
-@pytest.mark.slow
-def test_only_registered_supernodes_join_an_authenticating_superlink(tmp_path):
-    """`auth`: the cluster makes and registers its nodes' keys; a node signing with an unregistered key (claiming
-    client 0's partition) is refused and exits, and the run completes on the registered nodes with the local
-    engine's numbers."""
-    tls = write_loopback_certificates(tmp_path / "certs")
-    local = run_config(validate(small_config_dict(federation=THREE_CLIENTS, rounds=2, eval_every=2,
-                                                  execution="sequential")), tmp_path / "local")["fedavg"]
+    local = run_config(validate(small_config_dict(federation=THREE_CLIENTS, method=methods, rounds=2, eval_every=2,
+                                                  execution="sequential")), tmp_path / "local")
     with LocalCluster(3, tmp_path / "cluster", tls=tls, auth=True) as cluster:
+        _assert_loopback_only(cluster)
         rogue = cluster.start_extra_node("rogue", 0, write_node_key(tmp_path / "rogue", "rogue"))
         assert rogue.wait(timeout=120) != 0
-        config = _deployed(cluster, tmp_path, rounds=2, flower={"root_certificates": str(tls.ca_cert)})
-        deployed = run_config(validate(config), tmp_path / "flower")["fedavg"]
+        config = _deployed(cluster, tmp_path, method=methods, rounds=2,
+                           flower={"root_certificates": str(tls.ca_cert)})
+        deployed = run_config(validate(config), tmp_path / "flower")
+        _assert_loopback_only(cluster)
         assert "--enable-supernode-auth" in cluster.superlink.args
     assert "Failed to activate SuperNode" in (tmp_path / "cluster" / "rogue.log").read_text()
-    assert deployed["tasks"] == local["tasks"] and deployed["failed_clients"] == {}
+    assert "insecure" not in (tmp_path / "cluster" / "superlink.log").read_text().lower()
+    for label in ("fedavg", "fedprox"):
+        for key in ("tasks", "bytes_up", "bytes_down", "failed_clients"):
+            assert deployed[label][key] == local[label][key], (label, key)
     assert sorted(p.name for p in (tmp_path / "cluster" / "keys").iterdir()) == [
         f"supernode{i}{suffix}" for i in range(3) for suffix in ("", ".pub")]
 
@@ -157,7 +136,7 @@ def test_a_deployed_run_resumes_exactly_after_every_supernode_and_the_superlink_
 
     setting = {"federation": THREE_CLIENTS} if method == "feddyn" else dict(PERSONAL)
     nodes = setting["federation"]["num_clients"]
-    config = small_config_dict(**{**setting, "method": method, "rounds": 4, "eval_every": 2})
+    config = small_config_dict(**{**setting, "method": method, "rounds": 3, "eval_every": 2})
     full = run_config(validate({**config, "execution": "sequential"}), tmp_path / "full")[method]
     states = tmp_path / "states"
     with LocalCluster(nodes, tmp_path / "first", state_root=states) as cluster:
@@ -171,7 +150,7 @@ def test_a_deployed_run_resumes_exactly_after_every_supernode_and_the_superlink_
     for key in ("tasks", "bytes_up", "bytes_down", "failed_clients"):
         assert resumed[key] == full[key], key
     rows = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rows] == [1, 2, 3, 4] and all(not r["failures"] for r in rows)
+    assert [r["round"] for r in rows] == [1, 2, 3] and all(not r["failures"] for r in rows)
 
 
 @pytest.mark.slow
@@ -180,7 +159,7 @@ def test_a_run_whose_superlink_was_killed_mid_round_resumes_exactly_on_the_resta
     its action SIGKILLs the SuperLink with its ServerApp. The SuperLink is started again on the same port and SQLite
     database (the SuperNodes reconnect on their own), the run is resumed: the uninterrupted run's metrics and
     bytes. The database kept the killed run: the restarted SuperLink lists both runs."""
-    config = small_config_dict(federation=THREE_CLIENTS, method="feddyn", rounds=4, eval_every=2)
+    config = small_config_dict(federation=THREE_CLIENTS, method="feddyn", rounds=3, eval_every=2)
     full = run_config(validate({**config, "execution": "sequential"}), tmp_path / "full")["feddyn"]
     with LocalCluster(3, tmp_path / "cluster", state_root=tmp_path / "states",
                       database=tmp_path / "superlink.db") as cluster:
@@ -199,7 +178,7 @@ def test_a_run_whose_superlink_was_killed_mid_round_resumes_exactly_on_the_resta
         runs = json_in(flwr_cli(["ls", "manytask", "--format", "json"], flower_env(tmp_path / "cut/flower/home")))
     for key in ("tasks", "bytes_up", "bytes_down", "failed_clients"):
         assert resumed[key] == full[key], key
-    assert [row["round"] for row in run_dir.read_metrics()] == [1, 2, 3, 4]
+    assert [row["round"] for row in run_dir.read_metrics()] == [1, 2, 3]
     assert all(not row["failures"] for row in run_dir.read_metrics())
     assert len(runs["runs"]) == 2 and (tmp_path / "cluster" / "superlink.2.log").is_file()
 
