@@ -134,7 +134,9 @@ def test_a_deployed_run_resumes_exactly_after_every_supernode_and_the_superlink_
     an uninterrupted deployment gives: the FedAvg and FedProx test above)."""
     from tests.test_sfmtl import PERSONAL
 
-    setting = {"federation": THREE_CLIENTS} if method == "feddyn" else dict(PERSONAL)
+    four = {"benchmark": {**PERSONAL["benchmark"], "num_clients": 4},  # SFMTL-Graph's rotated-masked clients
+            "federation": {**PERSONAL["federation"], "num_clients": 4}, "model": PERSONAL["model"]}
+    setting = {"federation": THREE_CLIENTS} if method == "feddyn" else four
     nodes = setting["federation"]["num_clients"]
     config = small_config_dict(**{**setting, "method": method, "rounds": 3, "eval_every": 2})
     full = run_config(validate({**config, "execution": "sequential"}), tmp_path / "full")[method]
