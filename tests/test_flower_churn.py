@@ -44,7 +44,7 @@ def test_twelve_supernodes_follow_a_seeded_churn_schedule(tmp_path):
     rows = run_dir.read_metrics()
     expected = {row["round"]: sorted(c for c in row["sampled"] if churn.down(c, row["round"])) for row in rows}
     assert {row["round"]: sorted(int(c) for c in row["failures"]) for row in rows} == expected
-    waited = {}  # client -> rounds in which the server waited for its dead node
+    waited = {}  # client -> rounds its dead node was first found out (by the deadline or its expired heartbeats)
     for row in rows:
         for client, reason in row["failures"].items():
             node = int(client)

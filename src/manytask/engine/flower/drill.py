@@ -4,10 +4,10 @@ there (SuperNodes killed, restarted or joining, the SuperLink killed) at an exac
 Two kinds of point: `after-R`, once round R's row and checkpoint are written (between rounds R and R+1), and
 `mid-R`, once round R's training messages are on the SuperLink and before any reply is read (in the middle of the
 round). The ServerApp learns the points from its run config (`hold-at`, comma-separated names). At a point it writes
-`R.held` into the run directory's `flower/holds` folder and waits for `R.go` there. The driver (`run_on_superlink`
-given a `Drill`) runs the point's action when it sees the `.held` file: an action that returns True releases the
-run (`.go`); one that returns False leaves it held and stops following it (the action killed the SuperLink, say);
-the run is then resumed like a stopped one.
+`POINT.held` into the run directory's `flower/holds` folder and waits for `POINT.go` there. The driver
+(`run_on_superlink` given a `Drill`) runs the point's action when it sees the `.held` file: an action that returns
+True releases the run (`.go`); one that returns False leaves it held and stops following it (the action killed
+the SuperLink, say); the run is then resumed like a stopped one.
 
 Drills need the driver and the ServerApp to share the run directory: a SuperLink on the driver's machine, as with
 `manytask flower local-cluster`."""
@@ -60,8 +60,9 @@ class Drill:
         return ",".join(sorted(self.actions))
 
     def serve(self, folder: Path) -> bool:
-        """Run the action of every point the ServerApp now holds at; False once one leaves the run held."""
-        for marker in sorted(folder.glob("*.held"), key=lambda p: p.stat().st_mtime_ns):
+        """Run the action of the point the ServerApp now holds at, if any (it holds at one point at a time);
+        False when the action leaves the run held."""
+        for marker in folder.glob("*.held"):
             point = marker.stem
             if point in self.done:
                 continue
