@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from manytask.config import default_config, validate
+from manytask.config import validate
+from manytask.config_sources import default_config
 from manytask.engine.loop import RoundFailed
 from manytask.launch import resume, run_config
 

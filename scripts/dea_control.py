@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from manytask.config import load_yaml
+from manytask.config_sources import load_yaml
 
 STATEFUL = ("feddyn", "fedacg")  # hosts whose server rule keeps state fed by the updates
 INFLATION = "dea/inflation"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import manytask
-from manytask.config import load_yaml
+from manytask.config_sources import load_yaml
 from manytask.engine.loop import RoundFailed
 from manytask.methods.plugins.dp import epsilon, round_rdp
 

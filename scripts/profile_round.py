@@ -14,7 +14,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from manytask.bench import engine_runner
-from manytask.config import method_label, resolve
+from manytask.config import resolve
+from manytask.method_entry import method_label
 from manytask.paper_scale import PAPER_CONFIG, member_config
 
 

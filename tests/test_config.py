@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from manytask.config import apply_overrides, resolve, validate
+from manytask.config import resolve, validate
+from manytask.config_sources import apply_overrides
 from manytask.errors import ManytaskError
 from tests.conftest import small_config_dict
 
@@ -69,8 +70,8 @@ def test_bad_method_train_overrides_are_one_clear_sentence(train, message):
 
 
 def test_a_plugin_wraps_a_host_and_labels_it():
-    from manytask.config import method_label
     from manytask.launch import plan
+    from manytask.method_entry import method_label
 
     config = validate(small_config_dict(method={"name": "fedprox", "mu": 0.01, "plugin": {"name": "dea", "rho": 0.3}}))
     (experiment,) = plan(config)
@@ -83,7 +84,7 @@ def test_a_plugin_wraps_a_host_and_labels_it():
 def test_plugins_cross_every_method_entry():
     config = validate(small_config_dict(method=["fedavg", {"name": "fedprox", "label": "prox"}],
                                         plugins=[None, "dea", {"name": "fedheal", "beta": 0.5}]))
-    from manytask.config import method_label
+    from manytask.method_entry import method_label
 
     assert config.is_comparison
     assert [method_label(m) for m in config.methods] == [

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from manytask.config import default_config, validate
+from manytask.config import validate
+from manytask.config_sources import default_config
 from manytask.launch import run_config
 
 GOLDEN = json.loads((Path(__file__).parent / "default_job_golden.json").read_text())

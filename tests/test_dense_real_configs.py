@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from manytask.config import apply_overrides, load_yaml, validate
+from manytask.config import validate
+from manytask.config_sources import apply_overrides, load_yaml
 from manytask.errors import ManytaskError
 from manytask.launch import run_config
 from tests.dense_data_files import write_nyud, write_pascal

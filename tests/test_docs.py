@@ -9,7 +9,8 @@ import pytest
 import manytask.launch
 from manytask.benchmarks import Benchmark, build_benchmark
 from manytask.benchmarks.fashion_mnist import DEFAULT_ROOT as FASHION_MNIST_ROOT
-from manytask.config import RunConfig, load_yaml, validate
+from manytask.config import RunConfig, validate
+from manytask.config_sources import load_yaml
 from manytask.errors import ManytaskError
 from manytask.experiment import make_benchmark
 from manytask.launch import plan

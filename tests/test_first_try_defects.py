@@ -97,7 +97,7 @@ def test_the_default_jobs_samples_work_on_a_dense_benchmark_and_keep_the_digits_
     import numpy as np
 
     from manytask.benchmarks.registry import build_benchmark
-    from manytask.config import default_config
+    from manytask.config_sources import default_config
     from manytask.federation.builder import build_federation
 
     federation = default_config()["federation"]

@@ -349,7 +349,7 @@ def test_supernodes_read_only_their_own_exported_partitions_and_a_wrong_folder_f
     from typer.testing import CliRunner
 
     from manytask.cli import app
-    from manytask.config import load_yaml
+    from manytask.config_sources import load_yaml
 
     config = small_config_dict(federation=THREE_CLIENTS, rounds=2, eval_every=2, execution="sequential")
     local = run_config(validate(config), tmp_path / "local")

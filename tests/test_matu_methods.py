@@ -108,7 +108,7 @@ def test_matu_logs_the_task_similarity_matrix_and_the_report_draws_it(tmp_path):
 
 @pytest.mark.slow
 def test_matu_sign_similarity_recovers_the_true_groups_on_synthetic(tmp_path):
-    from manytask.config import load_yaml
+    from manytask.config_sources import load_yaml
     from manytask.report.plots import similarity_ari
     from manytask.report.runs import load_run
     from tests.test_docs import ROOT
@@ -139,7 +139,7 @@ def test_matu_reports_the_clients_view_next_to_the_servers(tmp_path):
 @pytest.mark.slow
 def test_matu_beats_fedavg_when_clients_hold_fixed_groups_of_related_tasks(tmp_path):
     """The paper's no-conflict task groups on the domains benchmark (docs/matu.md: 81.8 vs 78.2 % at 20 rounds)."""
-    from manytask.config import load_yaml
+    from manytask.config_sources import load_yaml
     from tests.test_docs import ROOT
 
     data = load_yaml(ROOT / "configs" / "matu" / "digits_domains_conflict_0.yaml")

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from manytask.config import load_yaml, validate
+from manytask.config import validate
+from manytask.config_sources import load_yaml
 from manytask.errors import ManytaskError
 from manytask.launch import plan
 from tests.data_files import write_cifar_py, write_mnist

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from manytask.config import apply_overrides, load_yaml, validate
+from manytask.config import validate
+from manytask.config_sources import apply_overrides, load_yaml
 from manytask.launch import run_config
 from tests.test_cifar100 import _write
 

@@ -18,7 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from manytask.config import RunConfig, apply_overrides, default_config, load_yaml, resolve, validate
+from manytask.config import RunConfig, resolve, validate
+from manytask.config_sources import apply_overrides, default_config, load_yaml
 from manytask.engine.loop import RoundObserver
 from manytask.errors import ManytaskError
 from manytask.report import comparison_rows, load_runs, write_report

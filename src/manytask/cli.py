@@ -116,7 +116,8 @@ def tune(
 ) -> None:
     """Tune every member of a config with the same number of Optuna trials, scored on a validation split of the
     training data; writes DIR/tuned.yaml for manytask run."""
-    from manytask.config import load_yaml, resolve, validate
+    from manytask.config import resolve, validate
+    from manytask.config_sources import load_yaml
     from manytask.tune import tune as run_tuning
 
     def body() -> None:

@@ -1,4 +1,5 @@
-"""Run configuration: YAML + `key=value` overrides, validated into a `RunConfig`.
+"""Run configuration: a YAML file or the default job plus `key=value` overrides (`config_sources.py`), validated
+into a `RunConfig`.
 
 Named components (method, benchmark, model backbone) are written either as a bare name or as a mapping with a
 `name` (for the model: `backbone`) plus that component's parameters, which its registry validates later.
@@ -7,10 +8,8 @@ Named components (method, benchmark, model backbone) are written either as a bar
 
 from __future__ import annotations
 
-import copy
 import math
 import re
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -18,30 +17,28 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from manytask.client.trainer import TrainConfig
+from manytask.config_sources import apply_overrides, default_config, load_yaml
 from manytask.devices import DEVICE_PATTERN
 from manytask.engine.adversaries import AdversaryConfig
 from manytask.errors import ManytaskError, clipped
-from manytask.input_limits import load_limited, read_config_text, shown_path
+from manytask.method_entry import (
+    PLUGIN,
+    TRAIN_OVERRIDES,
+    Named,
+    check_label,
+    method_label,
+    method_train,
+    named,
+    split_plugin,
+    with_plugin,
+)
 from manytask.registry import Params
 from manytask.user_code import anchored, import_all
 
-Named = dict[str, Any]
-
-MAX_NAME = 60  # registered names are short; a longer one is a mistake (and is never echoed whole)
 MAX_CLIENTS = 1_000_000  # the client table alone would take gigabytes beyond this
 MAX_WIDTH = 65_536  # one layer's width (features or channels); wider layers do not fit in memory next to others
 WIDTH_KEYS = ("hidden", "channels", "width", "hidden_size", "intermediate_size", "embed_dim")
 MAX_THREADS = 1024
-MAX_KEY_PARTS = 16
-
-
-def _named(value: Any, key: str) -> Named:
-    name = value if isinstance(value, str) else value.get(key) if isinstance(value, dict) else None
-    if not isinstance(name, str):
-        raise ValueError(f"expected a name or a mapping with a '{key}' entry")
-    if not name or len(name) > MAX_NAME:
-        raise ValueError(f"expected a name of 1 to {MAX_NAME} characters")
-    return {key: value} if isinstance(value, str) else dict(value)
 
 
 class FederationConfig(Params):
@@ -167,18 +164,18 @@ class RunConfig(Params):
         if isinstance(value, list):
             if not value:
                 raise ValueError("the method list is empty")
-            return [_named(v, "name") for v in value]
-        return _named(value, "name")
+            return [named(v, "name") for v in value]
+        return named(value, "name")
 
     @field_validator("benchmark", mode="before")
     @classmethod
     def _benchmark(cls, value: Any) -> Named:
-        return _named(value, "name")
+        return named(value, "name")
 
     @field_validator("model", mode="before")
     @classmethod
     def _model(cls, value: Any) -> Named:
-        return _named(value, "backbone")
+        return named(value, "backbone")
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -187,7 +184,7 @@ class RunConfig(Params):
             return None
         if not isinstance(value, list) or not value:
             raise ValueError("expected a non-empty list of plug-ins (null or 'none' for the method alone)")
-        return [None if v is None or v == "none" else _named(v, "name") for v in value]
+        return [None if v is None or v == "none" else named(v, "name") for v in value]
 
     @field_validator("seeds")
     @classmethod
@@ -225,7 +222,7 @@ class RunConfig(Params):
         for method in self.methods:
             method_train(self.train, method)
             split_plugin(method)
-            _check_label(method_label(method))
+            check_label(method_label(method))
         return self
 
     def for_method(self, method: Named) -> RunConfig:
@@ -233,144 +230,6 @@ class RunConfig(Params):
         tune the learning rate per method) applied to the run's train settings."""
         entry = {k: v for k, v in method.items() if k != TRAIN_OVERRIDES}
         return self.model_copy(update={"method": entry, "train": method_train(self.train, method), "plugins": None})
-
-
-def with_plugin(entry: Named, plugin: Named | None) -> Named:
-    """A method entry with a plug-in added (its label, if it has one, gets `+<plug-in>`)."""
-    if plugin is None:
-        return entry
-    crossed = {**entry, PLUGIN: plugin}
-    if entry.get("label"):
-        crossed["label"] = f"{entry['label']}+{plugin_label(crossed)}"
-    return crossed
-
-
-TRAIN_OVERRIDES = "train"
-PLUGIN = "plugin"
-
-
-def method_train(train: TrainConfig, method: Named) -> TrainConfig:
-    """The run's train settings updated with a method entry's `train: {...}` overrides, validated."""
-    overrides = method.get(TRAIN_OVERRIDES)
-    if overrides is None:
-        return train
-    if not isinstance(overrides, dict):
-        raise ValueError(f"method '{clipped(method_label(method))}': 'train' must map train settings to values")
-    unknown = sorted(str(key) for key in set(overrides) - set(TrainConfig.model_fields))
-    if unknown:
-        raise ValueError(f"method '{clipped(method_label(method))}': unknown train key '{clipped(unknown[0])}'; "
-                         f"valid keys: {', '.join(TrainConfig.model_fields)}")
-    try:
-        return TrainConfig.model_validate({**train.model_dump(), **overrides})
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise ValueError(f"method '{clipped(method_label(method))}': train.{clipped(where)}: {first['msg']} "
-                         f"(got {clipped(repr(first.get('input')))})") from None
-
-
-MAX_LABEL = 100
-
-
-def _check_label(label: str) -> None:
-    """A comparison writes each member to `--out/<label>`: the label must name one directory inside it."""
-    if (not 1 <= len(label) <= MAX_LABEL or label in (".", "..") or any(c in label for c in "/\\")
-            or not label.isprintable()):
-        raise ValueError(f"method label '{clipped(label)}' cannot name a run directory; use 1 to {MAX_LABEL} "
-                         "printable characters without '/' or '\\', other than '.' and '..'")
-
-
-def method_label(method: Named) -> str:
-    """The entry's `label`, else its name, with `+<plug-in>` when it has one (`fedprox+dea`)."""
-    if method.get("label"):
-        return str(method["label"])
-    plugin = plugin_label(method)
-    return str(method["name"]) + ("" if plugin is None else f"+{plugin}")
-
-
-def plugin_label(method: Named) -> str | None:
-    """The label of a method entry's plug-in: its `label`, else its name (`plugin: dea`; `plugin: {name: dea,
-    rescale: false, label: dea-plain}`); None without a plug-in."""
-    plugin = method.get(PLUGIN)
-    if plugin is None:
-        return None
-    entry = _named(plugin, "name")
-    return str(entry.get("label") or entry["name"])
-
-
-def split_method(method: Named) -> tuple[str, dict[str, Any]]:
-    """(registered name, its parameters) of a method entry."""
-    params = {k: v for k, v in method.items() if k not in ("name", "label", TRAIN_OVERRIDES, PLUGIN)}
-    return method["name"], params
-
-
-def split_plugin(method: Named) -> tuple[str, dict[str, Any]] | None:
-    """(registered name, its parameters) of the entry's plug-in (`plugin: dea` or `plugin: {name: dea, rho: 0.3}`),
-    or None without one."""
-    plugin = method.get(PLUGIN)
-    if plugin is None:
-        return None
-    try:
-        entry = _named(plugin, "name")
-    except ValueError:
-        raise ValueError(f"method '{method['name']}': 'plugin' must be a name or a mapping with a 'name' (names "
-                         f"have 1 to {MAX_NAME} characters)") from None
-    return entry["name"], {k: v for k, v in entry.items() if k not in ("name", "label")}
-
-
-def default_config() -> dict[str, Any]:
-    """The built-in default job's config."""
-    text = resources.files("manytask").joinpath("configs/default.yaml").read_text()
-    return yaml.safe_load(text)
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """A config file's mapping; one sentence when the file is missing, too large, binary, not YAML, over the
-    alias/nesting limits of `manytask.input_limits`, or not a mapping."""
-    path = Path(path)
-    where = f"config file '{shown_path(path)}'"
-    data = load_limited(read_config_text(path), where)
-    if not isinstance(data, dict):
-        got = "nothing (it is empty)" if data is None else "a list" if isinstance(data, list) else "a single value"
-        raise ManytaskError(f"{where} must hold a mapping of keys to values, not {got}.")
-    return data
-
-
-NAMED_KEYS = {"method": "name", "benchmark": "name", "model": "backbone"}
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `a.b.c=value` overrides; values are parsed as YAML (`rounds=5` is an int, `x=[a,b]` a list)."""
-    data = copy.deepcopy(data)
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ManytaskError(f"override '{clipped(item)}' is not of the form key=value.")
-        parts = key.split(".")
-        if "" in parts:
-            raise ManytaskError(f"override '{clipped(item)}' has an empty part in its key; write keys as names "
-                                "joined by single dots (train.lr=0.1).")
-        if len(parts) > MAX_KEY_PARTS:
-            raise ManytaskError(f"override '{clipped(item)}' has a key of more than {MAX_KEY_PARTS} parts.")
-        value = load_limited(raw, f"the value of override '{clipped(item)}'")
-        _set_nested(data, parts, value)
-    return data
-
-
-def _set_nested(data: dict[str, Any], path: list[str], value: Any) -> None:
-    node = data
-    for depth, part in enumerate(path[:-1]):
-        child = node.get(part)
-        if isinstance(child, str) and depth == 0 and part in NAMED_KEYS:
-            child = {NAMED_KEYS[part]: child}  # `method=fedprox` then `method.mu=0.1`
-        if child is None:
-            child = {}
-        if not isinstance(child, dict):
-            raise ManytaskError(f"cannot set '{clipped('.'.join(path))}': '{clipped(part)}' is not a mapping in the "
-                                "config.")
-        node[part] = child
-        node = child
-    node[path[-1]] = value
 
 
 def validate(data: dict[str, Any]) -> RunConfig:

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from sklearn.metrics import adjusted_rand_score
 
-from manytask.config import load_yaml, validate
+from manytask.config import validate
+from manytask.config_sources import load_yaml
 from manytask.engine.checkpoint import identity_of, load_checkpoint
 from manytask.engine.client_runner import ClientRunner
 from manytask.errors import ManytaskError

@@ -13,11 +13,12 @@ from pydantic import ValidationError
 from manytask.benchmarks import Benchmark, build_benchmark
 from manytask.benchmarks.exported import FEDERATION_KEY
 from manytask.client.trainer import TaskData
-from manytask.config import RunConfig, method_label, split_method, split_plugin
+from manytask.config import RunConfig
 from manytask.engine.adversaries import attacking_clients
 from manytask.engine.sampling import clients_per_round
 from manytask.errors import ManytaskError
 from manytask.federation import Federation, build_federation
+from manytask.method_entry import method_label, split_method, split_plugin
 from manytask.methods import METHODS, PLUGINS, ClientProgram, MethodDef, ServerProgram, Setup
 from manytask.methods.registry import PluginDef
 from manytask.models import BACKBONES

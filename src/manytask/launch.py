@@ -10,13 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from manytask.config import RunConfig, load_yaml, method_label, to_yaml, validate
+from manytask.config import RunConfig, to_yaml, validate
+from manytask.config_sources import load_yaml
 from manytask.engine.local import local_engine
 from manytask.engine.loop import RoundFailed, RoundObserver
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment, make_benchmark
 from manytask.extras import require
 from manytask.input_limits import shown_path
+from manytask.method_entry import method_label
 from manytask.report import write_report
 from manytask.rundir import RunDir
 from manytask.summary import normalize

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from manytask.config import plugin_label, split_plugin
 from manytask.energy import energy_totals
 from manytask.experiment import Experiment
+from manytask.method_entry import plugin_label, split_plugin
 from manytask.provenance import provenance
 
 

@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from manytask.benchmarks.base import Benchmark
-from manytask.config import RunConfig, TuneConfig, method_label, split_method, split_plugin, to_yaml, validate
+from manytask.config import RunConfig, TuneConfig, to_yaml, validate
 from manytask.engine.loop import RoundFailed, RoundObserver
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment, make_benchmark
 from manytask.extras import require
+from manytask.method_entry import method_label, split_method, split_plugin
 from manytask.methods.registry import METHODS, PLUGINS
 from manytask.rundir import RunDir
 from manytask.search_space import TRAIN_PREFIX, Dimension, Space, parse_dimension, train_space
