@@ -14,6 +14,9 @@ from manytask.errors import clipped
 Named = dict[str, Any]
 
 MAX_NAME = 60  # registered names are short; a longer one is a mistake (and is never echoed whole)
+MAX_LABEL = 100
+TRAIN_OVERRIDES = "train"  # the key of an entry's own train settings
+PLUGIN = "plugin"  # the key of an entry's plug-in
 
 
 def named(value: Any, key: str) -> Named:
@@ -37,9 +40,6 @@ def with_plugin(entry: Named, plugin: Named | None) -> Named:
     return crossed
 
 
-TRAIN_OVERRIDES = "train"
-PLUGIN = "plugin"
-
 
 def method_train(train: TrainConfig, method: Named) -> TrainConfig:
     """The run's train settings updated with a method entry's `train: {...}` overrides, validated."""
@@ -60,8 +60,6 @@ def method_train(train: TrainConfig, method: Named) -> TrainConfig:
         raise ValueError(f"method '{clipped(method_label(method))}': train.{clipped(where)}: {first['msg']} "
                          f"(got {clipped(repr(first.get('input')))})") from None
 
-
-MAX_LABEL = 100
 
 
 def check_label(label: str) -> None:
