@@ -19,6 +19,7 @@ from manytask.errors import ManytaskError
 from manytask.input_limits import shown_path
 from manytask.launch import resume, run_config
 from tests.conftest import small_config_dict
+from tests.simulated_cuda import a_gpu
 
 CONFIG = small_config_dict(rounds=3)
 TIMED = ("wall_seconds", "client_seconds", "energy_joules")
@@ -238,13 +239,13 @@ def test_the_cli_refuses_a_garbled_checkpoint_in_one_line_with_exit_code_2(run):
 
 
 def test_a_checkpoint_written_on_the_gpu_is_hashed_like_one_written_on_the_cpu(tmp_path):
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
+    """On the GPU where there is one, else on the simulated one (`simulated_cuda.py`)."""
     from manytask.engine.checkpoint import Checkpoint
 
     state = {"w": torch.randn(3, 4), "b": torch.arange(5)}
     save_checkpoint(tmp_path / "cpu", Checkpoint(1, state, {}))
-    save_checkpoint(tmp_path / "gpu", Checkpoint(1, {k: v.cuda() for k, v in state.items()}, {}))
+    with a_gpu():
+        save_checkpoint(tmp_path / "gpu", Checkpoint(1, {k: v.cuda() for k, v in state.items()}, {}))
     assert (tmp_path / "cpu").read_bytes() == (tmp_path / "gpu").read_bytes()
 
 

@@ -1,5 +1,6 @@
-"""`device: auto | cpu | cuda`: where clients train. The CUDA test runs where torch sees a GPU and is skipped
-elsewhere; everything else runs on any machine."""
+"""`device: auto | cpu | cuda`: where clients train. The CUDA runs take the GPU where torch sees one and a GPU
+simulated on the CPU elsewhere (`simulated_cuda.py`: the CPU's values, with every op that mixes host and device
+tensors refused, as a GPU refuses it), so every machine checks device placement."""
 
 import json
 
@@ -12,6 +13,7 @@ from manytask.engine.client_runner import ClientRunner
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
 from manytask.launch import run_config
+from tests.simulated_cuda import a_gpu
 
 HAS_CUDA = torch.cuda.is_available()
 CONFIG = {
@@ -62,11 +64,11 @@ def test_a_client_program_without_device_support_stays_on_the_cpu_with_a_notice(
     assert host.program.supports_device and host.device == CPU
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("execution", ["sequential", "vectorized"])
 def test_training_on_cuda_gives_the_cpu_numbers_within_float_tolerance(tmp_path, execution):
     cpu = run_config(validate({**CONFIG, "device": "cpu"}), tmp_path / "cpu")
-    gpu = run_config(validate({**CONFIG, "device": "cuda", "execution": execution}), tmp_path / "gpu")
+    with a_gpu():
+        gpu = run_config(validate({**CONFIG, "device": "cuda", "execution": execution}), tmp_path / "gpu")
     for label, summary in cpu.items():
         rows = [json.loads(line) for line in (tmp_path / "gpu" / label / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == 3 and rows[-1]["bytes_up"]
@@ -84,12 +86,12 @@ PERSONAL = {
 }
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_personal_methods_on_cuda_give_the_cpu_numbers_within_float_tolerance(tmp_path):
     """SFMTL-Graph with its random-graph control: Louvain on the learned graph could split differently on float
     noise, the random graph is the same on both devices."""
     cpu = run_config(validate({**PERSONAL, "device": "cpu"}), tmp_path / "cpu")
-    gpu = run_config(validate({**PERSONAL, "device": "cuda"}), tmp_path / "gpu")
+    with a_gpu():
+        gpu = run_config(validate({**PERSONAL, "device": "cuda"}), tmp_path / "gpu")
     for label, summary in cpu.items():
         for task, metrics in summary["tasks"].items():
             assert gpu[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-3), (label, task)
@@ -103,12 +105,12 @@ TALOS = {**PERSONAL, "name": "devices-talos", "rounds": 5,
          "model": {"backbone": "cnn", "channels": [8, 16], "hidden": 32, "norm": "batch"}}
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_talos_on_cuda_gives_the_cpu_numbers_within_float_tolerance(tmp_path):
     """Head-only, calibration (batched Fisher scores, labels drawn from CPU generators) and sparse rounds on the
     GPU give the CPU's numbers."""
     cpu = run_config(validate({**TALOS, "device": "cpu"}), tmp_path / "cpu")
-    gpu = run_config(validate({**TALOS, "device": "cuda"}), tmp_path / "gpu")
+    with a_gpu():
+        gpu = run_config(validate({**TALOS, "device": "cuda"}), tmp_path / "gpu")
     for label, summary in cpu.items():
         for task, metrics in summary["tasks"].items():
             assert gpu[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-3), (label, task)
@@ -124,12 +126,12 @@ MAS = {"name": "devices-mas", "rounds": 4, "seed": 0, "reference": None, "eval_e
        "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "batch_size": 8, "local_steps": 2}}
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_mas_on_cuda_gives_the_cpu_numbers_within_float_tolerance(tmp_path):
     """MAS-2 through its all-in-one, affinity (lookahead inside the local steps) and group rounds, and one-by-one,
     on the GPU: the CPU's losses."""
     cpu = run_config(validate({**MAS, "device": "cpu"}), tmp_path / "cpu")
-    gpu = run_config(validate({**MAS, "device": "cuda"}), tmp_path / "gpu")
+    with a_gpu():
+        gpu = run_config(validate({**MAS, "device": "cuda"}), tmp_path / "gpu")
     for label, summary in cpu.items():
         for task, metrics in summary["tasks"].items():
             assert gpu[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-3), (label, task)
