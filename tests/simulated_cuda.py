@@ -169,6 +169,12 @@ def _tagging(sim: SimulatedCuda, transform: Any, inputs_of: Any) -> Any:
     return tagged
 
 
+def _on_host(sim: SimulatedCuda, make: Any) -> Any:
+    def made_on_host(*args: Any, **kwargs: Any) -> Any:
+        return sim._tagged(make(*args, **kwargs), ON_HOST)
+    return made_on_host
+
+
 @contextlib.contextmanager
 def simulated_cuda() -> Iterator[SimulatedCuda]:
     """One simulated GPU, with torch's CUDA queries answering for it."""
@@ -187,6 +193,10 @@ def simulated_cuda() -> Iterator[SimulatedCuda]:
         return sim._tagged(made, ON_HOST if data is None else sim.where.get(data))
 
     nn.Parameter.__new__ = new_parameter  # type: ignore[method-assign]
+    # tensors over host memory, made outside any torch function
+    viewers = {name: getattr(torch, name) for name in ("from_numpy", "frombuffer")}
+    for name, viewer in viewers.items():
+        setattr(torch, name, _on_host(sim, viewer))
     transforms = [(module, name, getattr(module, name)) for module, name, _ in _TRANSFORMS]
     for module, name, inputs_of in _TRANSFORMS:
         setattr(module, name, _tagging(sim, getattr(module, name), inputs_of))
@@ -199,6 +209,8 @@ def simulated_cuda() -> Iterator[SimulatedCuda]:
         for module, name, original in transforms:
             setattr(module, name, original)
         nn.Parameter.__new__ = parameter  # type: ignore[method-assign]
+        for name, viewer in viewers.items():
+            setattr(torch, name, viewer)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """The simulated GPU (`simulated_cuda.py`) refuses what a GPU refuses and computes what the CPU computes, so that
 placement tests on a machine without a GPU can fail."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -51,6 +52,8 @@ def test_what_a_gpu_refuses_is_refused():
             torch.stack([device, torch.zeros(4)])
         with pytest.raises(RuntimeError, match=SAME_DEVICE):
             nn.Linear(4, 2)(device)  # the model was never moved
+        with pytest.raises(RuntimeError, match=SAME_DEVICE):
+            device + torch.from_numpy(np.ones(4, np.float32))  # host memory viewed by torch is on the host
         with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy"):
             device.numpy()
         assert float(device.cpu().numpy().sum()) == 4.0
