@@ -4,7 +4,8 @@ Inside `simulated_cuda()`, torch reports one GPU; a tensor "moved" to `cuda` sta
 real ones) but is tagged as on the device, and reports `device == cuda:0`. Every torch function is watched
 (`TorchFunctionMode`), and what a real GPU refuses is refused here with the same kind of error:
 - an op that mixes a device tensor with a host tensor of one or more dimensions (a 0-d host tensor is allowed, as
-  CUDA allows it), except the copies between them (`copy_`, `to`, item assignment);
+  CUDA allows it in elementwise ops, but not in `cat` or `stack`), except the copies between them (`copy_`, `to`,
+  item assignment) and indexing a device tensor with host indices (CUDA copies them over: counted as a copy);
 - `.numpy()` (and so `numpy.asarray`) of a device tensor.
 Host reads of device values (`.item()`, `.tolist()`, `bool()`, `float()`, `int()`) are counted (`host_reads`), and so
 are the copies in each direction.
@@ -34,6 +35,7 @@ _BASE = torch._C.TensorBase
 _PROPERTIES = {name: getattr(_BASE, name) for name in ("device", "is_cuda", "is_cpu", "grad", "data")}
 _READS = {_BASE.item, _BASE.tolist, _BASE.__bool__, _BASE.__float__, _BASE.__int__, _BASE.__index__}
 _CROSS = {_BASE.copy_, _BASE.__setitem__, torch._has_compatible_shallow_copy_type}  # cross-device by design
+_JOINS = {torch.cat, torch.concat, torch.stack, torch.hstack, torch.vstack}  # no host scalar joins a device op here
 _REFUSED_READS = {_BASE.numpy, torch.Tensor.__array__}
 
 
@@ -65,6 +67,9 @@ class SimulatedCuda(TorchFunctionMode):
             target = torch.device(kwargs["device"]) if kwargs["device"] is not None else None
             kwargs = {**kwargs, "device": "cpu"}
             return self._tagged(func(*args, **kwargs), ON_DEVICE if target and target.type == "cuda" else ON_HOST)
+        if func is _BASE.__getitem__ and self.on_device(args[0]):  # CUDA copies a host index to the device itself
+            self.to_device += sum(1 for t in tensors[1:] if self.where.get(t) == ON_HOST and t.dim() > 0)
+            return self._tagged(func(*args, **kwargs), ON_DEVICE)
         where = self._inputs_where(func, tensors)
         if func in _CROSS:  # a copy into its first argument, which stays where it is
             return func(*args, **kwargs)
@@ -75,7 +80,7 @@ class SimulatedCuda(TorchFunctionMode):
         if not tensors:
             return ON_HOST
         device = ON_DEVICE in tags
-        host = any(tag == ON_HOST and t.dim() > 0 for tag, t in zip(tags, tensors, strict=True))
+        host = any(tag == ON_HOST and (t.dim() > 0 or func in _JOINS) for tag, t in zip(tags, tensors, strict=True))
         if device and host and func not in _CROSS:
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                                f"cuda:0 and cpu! ({getattr(func, '__name__', func)}; simulated CUDA)")

@@ -18,6 +18,7 @@ from manytask.methods.common import aggregation
 from manytask.methods.common.guard import far_beyond_median, update_norms
 from manytask.rundir import RunDir
 from tests.conftest import small_config_dict
+from tests.simulated_cuda import simulated_cuda
 
 SENT = Message({"w": np.float32([1.0, 2.0]), "head.a.b": np.float32([0.0])})
 REPLY = Message({"w": np.float32([1.5, 1.0]), "head.a.b": np.float32([2.0]), "flags": np.array([True, False])},
@@ -105,6 +106,12 @@ def test_the_guard_refuses_updates_far_beyond_the_median(monkeypatch, columns):
     assert update_norms({0: sent}, {0: blown_up})[0] == pytest.approx(5e24, rel=1e-6)
     half = {"w": torch.tensor([3.0, 4.0], dtype=torch.bfloat16)}  # a dtype numpy lacks
     assert update_norms({0: {"w": torch.zeros(2, dtype=torch.bfloat16)}}, {0: half}) == {0: 5.0}
+    with simulated_cuda() as sim:  # replies on the device: the same norms, read once for the round
+        on_gpu = {c: {k: v.cuda() for k, v in r.items()} for c, r in replies.items()}
+        reads = sim.host_reads
+        assert update_norms(dict.fromkeys(replies, sent), on_gpu) == {0: 5.0, 1: 2 ** 0.5, 2: 10.0, 3: 2.0}
+        assert sim.host_reads == reads + 1
+        assert update_norms({0: sent}, {0: {"w": blown_up["w"].cuda()}})[0] == pytest.approx(5e24, rel=1e-6)
     norms = {0: 1.0, 1: 2.0, 2: 3.0, 3: 251.0}  # median 2.5: 3 is above 100×, by 1
     assert list(far_beyond_median(norms, 100.0)) == [3]
     assert far_beyond_median(norms, 0) == {} and far_beyond_median({0: 1.0, 1: 1e9}, 100.0) == {}

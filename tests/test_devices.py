@@ -13,6 +13,7 @@ from manytask.engine.client_runner import ClientRunner
 from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
 from manytask.launch import run_config
+from manytask.methods.registry import METHODS, PLUGINS
 from tests.simulated_cuda import a_gpu
 
 HAS_CUDA = torch.cuda.is_available()
@@ -144,3 +145,91 @@ def test_flower_client_gpus_without_a_gpu_is_refused_before_ray_starts(tmp_path)
     with pytest.raises(ManytaskError, match=r"flower.client_gpus: 0.25, but torch sees no CUDA GPU"):
         run_config(validate(data), tmp_path / "run")
     assert validate({**CONFIG, "flower": {"client_gpus": 0.5}}).flower.client_gpus == 0.5
+
+
+HOSTS = ["fedavg", "fedprox", "fednova", "feddyn", "fedbn", "moon", "fedacg", "fedadam", "fedyogi", "fedper"]
+# no client state to checkpoint
+STATELESS = {"fedavg", "fedprox", "fednova", "fedacg", "fedadam", "fedyogi", "matu", "matfl"}
+
+
+def _host_run(method: str, clients: int, rounds: int, path, device: str) -> tuple[dict, tuple[int, int, int]]:
+    """(the run's summary, its copies to the device and to the host and its host reads: zero on a real GPU); the
+    clients take one local step per 4 clients, so a copy made per step shows as one made per client."""
+    train = {**CONFIG["train"], "local_steps": clients // 4}  # overrides local_epochs
+    config = validate({**CONFIG, "method": method, "device": device, "rounds": rounds, "eval_every": 100,
+                       "checkpoint_every": 100, "participation": 1.0, "train": train,
+                       "model": {"backbone": "cnn", "channels": [4, 8], "hidden": 16, "norm": "batch"},
+                       "federation": {**CONFIG["federation"], "num_clients": clients}})
+    if device == "cpu":
+        return run_config(config, path), (0, 0, 0)
+    with a_gpu() as sim:
+        summary = run_config(config, path)
+    return summary, (sim.to_device, sim.to_host, sim.host_reads) if sim else (0, 0, 0)
+
+
+@pytest.mark.parametrize("method", [*HOSTS, "matu", "matfl"])
+def test_every_host_aggregates_on_the_device_with_the_cpus_numbers(method, tmp_path):
+    """The server's state moves to the device once and the replies never leave it: what one more round adds to a
+    run's copies each way and to its host reads is the same at 4 clients taking 1 local step and at 12 taking 3 (but
+    the checkpointed client states of FedDyn, FedBN, MOON and FedPer), and the numbers are the CPU's. MaTU and
+    MaT-FL, whose servers keep per-task vectors and per-client models, too."""
+    per_round = {}
+    for clients in (4, 12):
+        cpu, _ = _host_run(method, clients, 3, tmp_path / f"{clients}-cpu", "cpu")
+        gpu, three = _host_run(method, clients, 3, tmp_path / f"{clients}-gpu", "cuda")
+        _, two = _host_run(method, clients, 2, tmp_path / f"{clients}-gpu2", "cuda")
+        per_round[clients] = [a - b for a, b in zip(three, two, strict=True)]
+        for task, metrics in cpu[method]["tasks"].items():
+            assert gpu[method]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-5), (method, task)
+    to_device, to_host, reads = zip(per_round[4], per_round[12], strict=True)
+    assert to_device[0] == to_device[1] and reads[0] == reads[1], per_round
+    if method in STATELESS:
+        assert to_host[0] == to_host[1], per_round
+
+
+CALIBRATED = {"head_rounds": 2, "calibration_rounds": 3, "calibration_examples": 20}
+EVERY_METHOD = {  # each registered method (and plug-in) in a federation it runs on
+    "digits": (CONFIG, ["fedavg", "fedprox", "fednova", "feddyn", "moon", "fedga", "fedacg", "fedadam", "fedyogi",
+                        "fedadagrad", "gradnorm", "ntk-fedavg", "fedper", "matu", "matfl", "centralized", "individual",
+                        {"name": "matu", "label": "matu-separate", "unify": False},
+                        *({"name": "fedavg", "label": f"fedavg+{p}", "plugin": {"name": p}}
+                          for p in ("dea", "median", "trimmed-mean", "krum", "clip", "fedheal", "pcgrad")),
+                        {"name": "fedavg", "label": "fedavg+dp", "plugin": {"name": "dp", "where": "client"}},
+                        {"name": "fedavg", "label": "fedavg+central-dp", "plugin": {"name": "dp", "adaptive": True,
+                                                                                     "noise_multiplier": 0.01}}]),
+    "batch-norm": ({**TALOS, "rounds": 4},
+                   ["fedbn", "head-only", "centralized-head-only", *({"name": n, **CALIBRATED} for n in (
+                       "talos", "talos-partition", "centralized-talos")),
+                    {"name": "talos-oneshot", **CALIBRATED, "shot_steps": 3}]),
+    "personal": (PERSONAL, ["sfmtl-graph", "fedu", {"name": "pfedme", "lam": 1}, "local"]),
+    "dense": (MAS, [{"name": "mas", "groups": 2, "r0": 2, "affinity_round": 1}, "one-by-one", "tag", "hoa",
+                    {"name": "fixed-split", "partition": [["semseg", "depth"], ["normals"]]}, "gradnorm"]),
+}
+
+
+def _shipped(registry, program) -> set[str]:
+    """The names the package registers (not the ones other tests add to the same process)."""
+    return {n for n in registry.names() if program(registry.get(n).target).__module__.startswith("manytask.")}
+
+
+def test_every_method_is_in_the_gpu_comparison():
+    entries = [m for _, methods in EVERY_METHOD.values() for m in methods]
+    assert {m if isinstance(m, str) else m["name"] for m in entries} == _shipped(METHODS, lambda d: d.server)
+    assert ({m["plugin"]["name"] for m in entries if isinstance(m, dict) and "plugin" in m}
+            == _shipped(PLUGINS, lambda d: d.server))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("federation", EVERY_METHOD)
+def test_every_method_on_the_gpu_gives_the_cpus_numbers(federation, tmp_path):
+    """Every registered method and plug-in, its clients and its server, on the GPU (the simulated one here): no op
+    mixes host and device tensors, and the losses are the CPU's."""
+    base, methods = EVERY_METHOD[federation]
+    config = {**base, "method": methods}
+    cpu = run_config(validate({**config, "device": "cpu"}), tmp_path / "cpu")
+    with a_gpu():
+        gpu = run_config(validate({**config, "device": "cuda"}), tmp_path / "gpu")
+    assert set(gpu) == set(cpu)
+    for label, summary in cpu.items():
+        for task, metrics in summary["tasks"].items():
+            assert gpu[label]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-4), (label, task)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from manytask.messages import Message, MessageError, _dtype_name, decode, encode
+from manytask.messages import Message, MessageError, _dtype_name, decode, encode, encoded_size, snapshot
 
 
 def test_round_trip_preserves_arrays_dtypes_and_scalars():
@@ -170,3 +170,27 @@ def test_a_messages_size_from_its_shapes_is_the_length_the_serializer_writes():
     scalars = {"n": 3, "loss/é": 0.12345678901234567, "flag": True, "name": "größe ✓", "big": 1e300, "neg": -7}
     for message in (Message(), Message(arrays), Message(scalars=scalars), Message(arrays, scalars)):
         assert encoded_size(message) == len(encode(message))
+
+
+def test_a_message_keeps_device_tensors_there_and_writes_them_as_the_host_would():
+    from tests.simulated_cuda import simulated_cuda
+
+    host = {"w": torch.randn(3, 4), "mask": torch.rand(13) > 0.5, "n": torch.tensor(7), "half": torch.ones(5).half()}
+    scalars = {"n/digit": 12, "loss/digit": 0.25}
+    with simulated_cuda() as sim:
+        message = Message.from_tensors({k: v.cuda() for k, v in host.items()}, scalars=scalars)
+        assert message.on_device() and all(message.tensor(k).is_cuda for k in host)
+        assert message.tensor("n").shape == (1,)  # a 0-d tensor travels as shape (1,), as numpy stores it
+        copies = sim.to_host
+        size = encoded_size(message)
+        assert sim.to_host == copies  # counted from shapes and dtypes, nothing read back
+        written = encode(message)
+        assert written == encode(Message.from_tensors(host, scalars=scalars)) and size == len(written)
+        sent = snapshot(message)
+        sent.tensor("w").zero_()  # a client writing into what it received does not reach the sender
+        assert torch.equal(message.tensor("w").cpu(), host["w"])
+        back = message.on_host()
+        assert not back.on_device() and np.array_equal(back.arrays["w"], host["w"].numpy())
+        assert message.on(torch.device("cuda", 0)) is message and back.on(torch.device("cpu")) is back
+        moved = back.on(torch.device("cuda", 0))
+        assert moved.tensor("w").is_cuda and torch.equal(moved.tensor("w").cpu(), host["w"])

@@ -12,7 +12,7 @@ import pytest
 
 from manytask.config import validate
 from manytask.launch import run_config
-from manytask.messages import Message, as_message, decode, encode, encoded_size
+from manytask.messages import Message, as_message, encode, encoded_size
 from manytask.methods.registry import METHODS, PLUGINS
 from tests.conftest import small_config_dict
 
@@ -51,7 +51,7 @@ def decoded(monkeypatch) -> list[tuple[Callable[[], str], str]]:
     def watching(data):
         if type(data) is bytes:
             seen.append((lambda: hashlib.sha256(data).hexdigest(), hashlib.sha256(data).hexdigest()))
-        return decode(data)
+        return as_message(data)
 
     def watching_reply(sent):
         if isinstance(sent, Message):  # the client's own arrays: the server only reads them, nobody changes them
@@ -60,7 +60,7 @@ def decoded(monkeypatch) -> list[tuple[Callable[[], str], str]]:
             assert encoded_size(sent) == len(encode(sent))
         return as_message(sent)
 
-    monkeypatch.setattr("manytask.engine.client_runner.decode", watching)
+    monkeypatch.setattr("manytask.engine.client_runner.as_message", watching)
     monkeypatch.setattr("manytask.engine.screening.as_message", watching_reply)
     return seen
 

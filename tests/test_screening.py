@@ -17,6 +17,7 @@ from manytask.federation.federation import Federation
 from manytask.messages import Message, as_bytes, decode, encode
 from manytask.rundir import RunDir
 from tests.conftest import small_config_dict
+from tests.simulated_cuda import simulated_cuda
 
 FEDERATION = Federation([{"a": np.arange(10), "b": np.arange(4)}, {"b": np.arange(7)}])
 
@@ -185,3 +186,29 @@ def test_screen_keeps_empty_replies_and_names_the_reason_of_each_rejected_one():
     accepted, rejected = screen({0: None, 1: b"junk", 2: good}, server, experiment.federation)
     assert list(accepted) == [0, 2] and accepted[0] is None
     assert rejected == {1: "reply does not decode: not a manytask message (bad magic bytes)"}
+
+
+def test_replies_on_the_device_are_screened_there_with_one_read_for_the_round():
+    server = Experiment.build(validate(small_config_dict(federation={"num_clients": 2, "tasks": {"kind": "all"},
+                                                                     "samples": {"kind": "iid"}}))).server_program()
+    federation = Federation([{"a": np.arange(10)}, {"a": np.arange(10)}, {"a": np.arange(10)}])
+    with simulated_cuda() as sim:
+        replies = {c: Message({"w": torch.tensor([1.0, value]).cuda()}, {"n/a": 10}) for c, value in
+                   enumerate([2.0, float("nan"), float("inf")])}
+        reads = sim.host_reads
+        accepted, rejected = screen(replies, _Accepting(server), federation)
+        assert sim.host_reads == reads + 1
+    assert list(accepted) == [0] and rejected == {1: DIVERGED, 2: DIVERGED}
+
+
+class _Accepting:
+    """A server with no checks of its own."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+
+    def reply_problem(self, client, reply):
+        return None
+
+    def round_problems(self, replies):
+        return {}

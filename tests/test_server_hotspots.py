@@ -15,7 +15,7 @@ import networkx as nx
 import pytest
 import torch
 
-from manytask.methods.manytask import sfmtl_math
+from manytask.methods.manytask import matu_aggregate, sfmtl_math
 from manytask.methods.manytask.matu_aggregate import aggregate
 from manytask.methods.manytask.matu_math import CROSS_TASK_MODES, neighbours, task_similarity
 from manytask.methods.manytask.sfmtl_math import (
@@ -24,6 +24,7 @@ from manytask.methods.manytask.sfmtl_math import (
     head_similarity,
     similarity_graph,
 )
+from tests.simulated_cuda import simulated_cuda
 
 
 @pytest.fixture(autouse=True)
@@ -176,6 +177,35 @@ def test_aggregate_across_the_sign_buffer_border():
     uploads = make_uploads(rng, (1 << 18) + 16_384 + 77, ["a", "b"], [["a"], ["b"], ["a", "b"]])
     for mode in ("mean", "uniform"):
         check_aggregate(uploads, cross_task=mode)
+
+
+def _on_device(uploads):
+    return [{**u, "unified": u["unified"].to("cuda"), "masks": {t: m.to("cuda") for t, m in u["masks"].items()}}
+            for u in uploads]
+
+
+@pytest.mark.parametrize("elements", [matu_aggregate._DEVICE_ELEMENTS, 1 << 12])
+def test_aggregate_on_a_device_equals_the_task_by_task_loop(elements, monkeypatch):
+    """On a device `aggregate` takes a span of columns as one block (a few large ops, not a cache-sized loop): on the
+    simulated GPU its results are the reference's bit for bit, in one span and in many (a small element budget),
+    non-finite uploads included; the result lies on the device, and the round reads back to the host at most twice
+    (the finite checks, the sign counts; nothing per upload)."""
+    monkeypatch.setattr(matu_aggregate, "_DEVICE_ELEMENTS", elements)
+    rng = random.Random(5)
+    torch.manual_seed(5)
+    for non_finite in (False, True):
+        uploads = make_uploads(rng, 9_001, list("abcd"), [rng.sample("abcd", rng.randint(1, 4)) for _ in range(8)],
+                               non_finite=non_finite)
+        uploads = [{**u, "masks": {t: m.bool() for t, m in u["masks"].items()}} for u in uploads]
+        for mode in CROSS_TASK_MODES:
+            expected = reference_aggregate(uploads, cross_task=mode, kappa=None)
+            with simulated_cuda() as sim:
+                actual = aggregate(_on_device(uploads), cross_task=mode, kappa=None)
+                assert all(sim.on_device(v) for v in actual.values())
+            assert sim.host_reads <= 2, sim.host_reads
+            assert list(actual) == list(expected)
+            for task in expected:
+                assert_bitwise(actual[task], expected[task])
 
 
 def test_task_similarity_equals_the_one_shot_float64_product():

@@ -60,12 +60,16 @@ def test_what_a_gpu_refuses_is_refused():
 
 
 def test_what_a_gpu_allows_across_devices_is_allowed():
-    with simulated_cuda():
+    with simulated_cuda() as sim:
         device = torch.ones(4, device="cuda")
-        assert (device * torch.tensor(2.0)).is_cuda  # a 0-d host tensor joins a device op
+        assert (device * torch.tensor(2.0)).is_cuda  # a 0-d host tensor joins an elementwise device op
+        with pytest.raises(RuntimeError, match=SAME_DEVICE):
+            torch.stack([device.sum(), torch.tensor(2.0)])  # but not a stack
         target = torch.zeros(4)
         target.copy_(device)
         device[:2] = torch.full((2,), 5.0)
+        copies = sim.to_device
+        assert device[torch.tensor([0, 3])].is_cuda and sim.to_device == copies + 1  # the host index is copied
         assert target.tolist() == [1.0] * 4 and not target.is_cuda
         assert device.cpu().tolist() == [5.0, 5.0, 1.0, 1.0]
         assert torch.zeros(2, device=device.device).is_cuda and torch.zeros_like(device).is_cuda

@@ -9,6 +9,11 @@ The format is a small self-describing binary layout, no pickle:
 
 The header lists each array's name, dtype, shape and byte length, plus the scalars. Boolean arrays (masks) are
 packed to one bit per entry with `numpy.packbits`, so a mask of d entries costs ceil(d / 8) bytes.
+
+A message holds host arrays as numpy. A tensor on an accelerator stays there, as the tensor it was given: in-process,
+a reply made on the device reaches the server's aggregation on the device, and a payload made from a server state on
+the device reaches the clients there. It crosses to the host only where the message is written out (`encode`);
+`encoded_size` counts it from its shape and dtype.
 """
 
 from __future__ import annotations
@@ -35,22 +40,46 @@ _BOOL = _BY_NAME["bool"]
 _NAMES = {dtype: name for name, dtype in _BY_NAME.items()}  # a dict hit instead of `dtype.name`, a slow property
 _HEADER = json.JSONEncoder(separators=(",", ":"))  # what `json.dumps(..., separators=...)` builds on every call
 _OPEN, _JOIN = b'{"arrays":', b'],"scalars":'  # how `encode` lays out every header
+_WIRE_NAMES = {getattr(torch, name): name for name in _DTYPES}  # torch dtype -> its wire name
+
+Array = np.ndarray | Tensor  # a host array, or a tensor left on the accelerator it was made on
 
 
 @dataclass
 class Message:
-    """Named arrays plus JSON-able scalars. Arrays are stored as numpy; `tensor()` gives a torch view."""
+    """Named arrays plus JSON-able scalars. Host arrays are stored as numpy (`tensor()` gives a torch view); a tensor
+    on an accelerator is stored as itself, detached (see the module)."""
 
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    arrays: dict[str, Array] = field(default_factory=dict)
     scalars: dict[str, Scalar] = field(default_factory=dict)
-    _views: tuple[tuple[int, ...], tuple[str, ...], dict[str, Tensor], tuple[np.ndarray, ...]] | None = field(
+    _views: tuple[tuple[int, ...], tuple[str, ...], dict[str, Tensor], tuple[Array, ...]] | None = field(
         default=None, init=False, repr=False, compare=False)  # (the arrays' ids, their names, their views, the arrays)
 
     def __post_init__(self) -> None:
-        self.arrays = {name: _to_numpy(value) for name, value in self.arrays.items()}
+        self.arrays = {name: _stored(value) for name, value in self.arrays.items()}
 
     def tensor(self, name: str) -> Tensor:
-        return _view(self.arrays[name])
+        return _as_tensor(self.arrays[name])
+
+    def on_device(self) -> bool:
+        """Whether any array is a tensor kept on its device."""
+        return any(isinstance(array, Tensor) for array in self.arrays.values())
+
+    def host_arrays(self) -> dict[str, np.ndarray]:
+        """Every array as numpy on the host (a device tensor copied there): for code that reads values as numpy."""
+        return {name: _host_array(array) for name, array in self.arrays.items()}
+
+    def on(self, device: torch.device) -> Message:
+        """This message with every array on `device` (itself where they all are there)."""
+        if device.type == "cpu":
+            return self.on_host()
+        if all(isinstance(a, Tensor) and a.device == device for a in self.arrays.values()):
+            return self
+        return Message({n: _as_tensor(a).to(device) for n, a in self.arrays.items()}, self.scalars)
+
+    def on_host(self) -> Message:
+        """This message with every array on the host (itself where they all are there)."""
+        return Message(self.host_arrays(), self.scalars) if self.on_device() else self
 
     def tensors(self, prefix: str = "") -> dict[str, Tensor]:
         """All arrays whose name starts with `prefix`, with the prefix stripped, as tensors sharing their memory.
@@ -68,7 +97,7 @@ class Message:
         # their ids cannot be reused while it stands)
         ids = tuple(map(id, arrays.values()))
         if cached is None or cached[0] != ids or cached[1] != tuple(arrays):
-            cached = self._views = (ids, tuple(arrays), {n: _view(a) for n, a in arrays.items()},
+            cached = self._views = (ids, tuple(arrays), {n: _as_tensor(a) for n, a in arrays.items()},
                                     tuple(arrays.values()))
         return cached[2]
 
@@ -77,6 +106,10 @@ class Message:
         cls, tensors: Mapping[str, Tensor], prefix: str = "", scalars: Mapping[str, Scalar] | None = None
     ) -> Message:
         return cls({prefix + n: t for n, t in tensors.items()}, dict(scalars or {}))
+
+
+def _as_tensor(array: Array) -> Tensor:
+    return array if isinstance(array, Tensor) else _view(array)
 
 
 def _view(array: np.ndarray) -> Tensor:
@@ -106,6 +139,20 @@ def _dtype_name(dtype: np.dtype) -> str:
     return _NAMES.get(dtype) or dtype.name
 
 
+def _stored(value: Array) -> Array:
+    """How a message holds a value: a tensor on an accelerator as a detached contiguous tensor of a wire dtype (0-d
+    as shape (1,), as numpy stores it); anything else as a contiguous little-endian numpy array."""
+    if not isinstance(value, Tensor) or value.is_cpu:
+        return _to_numpy(value)
+    if value.dtype not in _WIRE_NAMES:
+        raise TypeError(f"array dtype {value.dtype} cannot be sent; use one of {sorted(_DTYPES)}")
+    return value.detach().reshape(value.shape or (1,)).contiguous()
+
+
+def _host_array(array: Array) -> np.ndarray:
+    return _tensor_to_numpy(array) if isinstance(array, Tensor) else array
+
+
 def _to_numpy(value: np.ndarray | Tensor) -> np.ndarray:
     array = _tensor_to_numpy(value) if isinstance(value, Tensor) else np.asarray(value)
     if _dtype_name(array.dtype) not in _DTYPES:
@@ -123,10 +170,21 @@ def _tensor_to_numpy(tensor: Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def snapshot(message: Message) -> Message:
+    """A copy of `message` whose device tensors are copies on the device: what a client reads in-process, as a
+    decoded payload is, fixed when it is sent and separate from the sender's tensors (host arrays are shared: no
+    message with device tensors holds host arrays the server changes)."""
+    copy = Message.__new__(Message)
+    copy.arrays = {n: a.clone() if isinstance(a, Tensor) else a for n, a in message.arrays.items()}
+    copy.scalars = dict(message.scalars)
+    return copy
+
+
 def encode(message: Message) -> bytes:
     """Serialize a message; the result's length is its communication cost."""
     layout, payloads = [], []
-    for name, array in message.arrays.items():
+    for name, stored in message.arrays.items():
+        array = _host_array(stored)
         dtype = _dtype_name(array.dtype)
         # a byte view of the (contiguous) array: the join below is its only copy
         raw = np.packbits(array.reshape(-1)) if dtype == "bool" else array.reshape(-1).view(np.uint8)
@@ -141,9 +199,13 @@ def encoded_size(message: Message) -> int:
     a message costs where it does not cross a process (the local engine's replies)."""
     layout = []
     for name, array in message.arrays.items():
-        dtype = _dtype_name(array.dtype)
-        nbytes = (array.size + 7) // 8 if dtype == "bool" else array.nbytes
-        layout.append((name, dtype, array.shape, nbytes))
+        if isinstance(array, Tensor):
+            dtype, size, shape = _WIRE_NAMES[array.dtype], array.numel(), tuple(array.shape)
+            nbytes = (size + 7) // 8 if dtype == "bool" else size * array.element_size()
+        else:
+            dtype, shape = _dtype_name(array.dtype), array.shape
+            nbytes = (array.size + 7) // 8 if dtype == "bool" else array.nbytes
+        layout.append((name, dtype, shape, nbytes))
     return len(MAGIC) + 4 + len(_header(tuple(layout), message.scalars)) + sum(entry[3] for entry in layout)
 
 

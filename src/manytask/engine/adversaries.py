@@ -85,7 +85,7 @@ class Adversary:
         return encode(self._corrupted(reply, payload, rng))
 
     def _corrupted(self, reply: Message, payload: Message | None, rng: np.random.Generator) -> Message:
-        arrays, scalars = dict(reply.arrays), dict(reply.scalars)
+        arrays, scalars = reply.host_arrays(), dict(reply.scalars)  # an attack is drawn on the host, in numpy
         counts = [k for k in scalars if k.startswith(SIZE_PREFIX)]
         floats = [k for k, a in arrays.items() if a.dtype.kind == "f"]
         attack, factor = self.config.attack, self.config.factor
@@ -97,7 +97,7 @@ class Adversary:
         elif attack == "extra-array":
             arrays[EXTRA_ARRAY] = np.zeros((1000, 1000), np.float32)
         elif attack in ("scale", "sign-flip"):
-            reference = {} if payload is None else payload.arrays
+            reference = {} if payload is None else payload.host_arrays()
             multiplier = -1.0 if attack == "sign-flip" else factor
             arrays.update({k: _scaled(arrays[k], reference.get(reference_key(k)), multiplier) for k in floats})
         elif attack == "noise":

@@ -1,4 +1,4 @@
-"""A client's side of every engine: serialized payload in, serialized reply out.
+"""A client's side of every engine: a payload in (serialized, or in-process a message on the device), a reply out.
 
 The local engine calls it in-process; Flower's ClientApp calls it on a SuperNode. Either way the method's
 `ClientProgram` sees the same context, the same seed and the same state, so both engines give the same numbers."""
@@ -21,7 +21,7 @@ from manytask.execution.batched import run_batched
 from manytask.execution.budget import batches, default_budget
 from manytask.execution.plan import Unbatchable
 from manytask.experiment import Experiment
-from manytask.messages import Message, Sent, decode
+from manytask.messages import Message, Sent, as_message
 from manytask.methods.base import ClientContext, Metrics
 from manytask.methods.client_state import StateSchema
 from manytask.seeding import derive_seed, derive_seeds, seed_global_rng
@@ -46,7 +46,7 @@ class ClientRunner:
                                                                experiment.config.seed)
 
     def fit(
-        self, client: int, round_index: int, payload: bytes | None, state: ClientState
+        self, client: int, round_index: int, payload: Sent | None, state: ClientState
     ) -> tuple[Sent | None, float]:
         """Train one client for one round; returns (its reply or None, compute seconds): the reply message itself,
         or the bytes a simulated adversary sends instead (`as_bytes` gives what crosses a process either way).
@@ -62,7 +62,7 @@ class ClientRunner:
         return self._upload(client, round_index, received, reply), seconds
 
     def fit_many(
-        self, clients: list[int], round_index: int, payloads: Mapping[int, bytes | None],
+        self, clients: list[int], round_index: int, payloads: Mapping[int, Sent | None],
         states: Mapping[int, ClientState],
     ) -> dict[int, tuple[Sent | None, float]]:
         """`fit` of every client in `clients`: their plans run as batched computations of at most `vector_clients`
@@ -120,7 +120,7 @@ class ClientRunner:
             print(f"{self.exp.label}: execution {self.exp.config.execution} trains these clients {how}: {reason}",
                   file=sys.stderr)
 
-    def evaluate(self, client: int, payload: bytes | None, state: ClientState, test: TaskData | None = None) -> Metrics:
+    def evaluate(self, client: int, payload: Sent | None, state: ClientState, test: TaskData | None = None) -> Metrics:
         """The client's own model on the test sets of the tasks it holds (or on `test`, keyed by its tasks: another
         client's data, for a cross-evaluation)."""
         ctx = self._context(client, self.exp.total_rounds, state, derive_seed(self.exp.config.seed, "eval", client))
@@ -155,11 +155,11 @@ def on_data(data: TaskData, device: torch.device) -> TaskData:
     return {task: (x.to(device), y.to(device)) for task, (x, y) in data.items()}
 
 
-def _decoded(payload: bytes | None) -> Message | None:
-    return None if payload is None else decode(payload)
+def _decoded(payload: Sent | None) -> Message | None:
+    return None if payload is None else as_message(payload)
 
 
-def _decoded_once(payloads: list[bytes | None]) -> list[Message | None]:
+def _decoded_once(payloads: list[Sent | None]) -> list[Message | None]:
     """Each payload decoded, the same bytes object once (the engine sends one object to every client of a task set;
     client programs only read what they are sent)."""
     decoded: dict[int, Message | None] = {}

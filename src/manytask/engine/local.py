@@ -47,5 +47,6 @@ class InProcessTransport:
 def local_engine(experiment: Experiment, run_dir: RunDir, observer: RoundObserver | None = None) -> RoundLoop:
     """The round loop with clients run in-process."""
     config = experiment.config
-    transport = InProcessTransport(ClientRunner(experiment), batched=config.execution != "sequential")
-    return RoundLoop(experiment, run_dir, transport, observer)
+    runner = ClientRunner(experiment)
+    transport = InProcessTransport(runner, batched=config.execution != "sequential")
+    return RoundLoop(experiment, run_dir, transport, observer, server_device=runner.device)

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import torch
 
+from manytask.devices import CPU, on_device
 from manytask.engine.checkpoint import Checkpoint, checkpoint_error, identity_of, load_checkpoint, save_checkpoint
 from manytask.engine.client_runner import ClientState
 from manytask.engine.heap import settled_heap
@@ -18,13 +19,13 @@ from manytask.engine.screening import DIVERGED, screen
 from manytask.errors import ManytaskError, clipped
 from manytask.experiment import Experiment
 from manytask.fairness import fairness
-from manytask.messages import Message, Sent, encode, sent_size
+from manytask.messages import Message, Sent, encode, sent_size, snapshot
 from manytask.methods.base import Metrics
 from manytask.rundir import RunDir
 from manytask.summary import average_main_metric, build_summary
 from manytask.tasks.predictions import recording_predictions
 
-Payloads = dict[int, bytes | None]
+Payloads = dict[int, Sent | None]
 
 
 @dataclass
@@ -62,17 +63,19 @@ PREDICTION_EXAMPLES = 4  # test images per dense task kept for the report's pict
 
 
 def _serialize(messages: Mapping[int, Message | None]) -> Payloads:
-    """Each client's message encoded; one message object sent to several clients is encoded once (every client still
-    gets, and is counted, its own serialized bytes)."""
-    encoded: dict[int, bytes] = {}
+    """Each client's message as it is sent: its bytes, or, for a message whose arrays lie on the device, a snapshot
+    on the device (`snapshot`). Either way a client reads what the server held when it sent, and no client write
+    reaches the server's state. One message object sent to several clients is encoded (or copied) once; every
+    client still gets, and is counted, its own message."""
+    sent: dict[int, Sent] = {}
     payloads: Payloads = {}
     for client, message in messages.items():
         if message is None:
             payloads[client] = None
             continue
-        if id(message) not in encoded:
-            encoded[id(message)] = encode(message)
-        payloads[client] = encoded[id(message)]
+        if id(message) not in sent:
+            sent[id(message)] = snapshot(message) if message.on_device() else encode(message)
+        payloads[client] = sent[id(message)]
     return payloads
 
 
@@ -87,7 +90,8 @@ class RoundFailed(ManytaskError):
 
 class RoundLoop:
     def __init__(
-        self, experiment: Experiment, run_dir: RunDir, transport: Transport, observer: RoundObserver | None = None
+        self, experiment: Experiment, run_dir: RunDir, transport: Transport, observer: RoundObserver | None = None,
+        server_device: torch.device = CPU,
     ) -> None:
         self.exp = experiment
         self.run_dir = run_dir
@@ -95,6 +99,9 @@ class RoundLoop:
         self.observer = observer
         torch.set_num_threads(experiment.config.threads)  # this may be a fresh process (a Flower ServerApp)
         self.server = experiment.server_program()
+        # where the server's state lies and it aggregates: in-process, the clients' device where the server can
+        # aggregate there (replies then stay on it); else the host, where replies are brought
+        self.server_device = server_device if self.server.supports_device else CPU
         self.checkpoint_seconds = 0.0  # spent writing checkpoints in this process
         self._stopped_at: tuple[int, float] | None = None  # (rounds done, wall seconds) where `run` last stopped
 
@@ -150,8 +157,10 @@ class RoundLoop:
         simulated = sample_dropouts(config.seed, round_index, sampled, config.dropout)
         payloads = _serialize(self.server.configure_fit(round_index, sampled))
         outcome = self.transport.fit(round_index, payloads, simulated)
-        received = {c: outcome.replies[c] for c in sorted(outcome.replies)}  # client order: reproducible sums
+        # client order: reproducible sums
+        received = {c: self._where_server_is(outcome.replies[c]) for c in sorted(outcome.replies)}
         replies, rejected = screen(received, self.server, self.exp.federation)
+        replies = {c: None if r is None else r.on(self.server_device) for c, r in replies.items()}
         for client, reason in rejected.items():  # aggregated as a dropout: a bad reply must not poison the model
             del outcome.replies[client]
             outcome.failures[client] = reason
@@ -241,6 +250,7 @@ class RoundLoop:
         if not path.exists():
             self.run_dir.remove_temporaries()
             self.run_dir.truncate_metrics(0)
+            self._place_server()
             return 0, 0.0
         checkpoint = load_checkpoint(path, identity_of(self.exp))
         try:
@@ -253,7 +263,19 @@ class RoundLoop:
                                          f"{clipped(' '.join(str(err).split()))}") from None
         self.run_dir.remove_temporaries()
         self.run_dir.truncate_metrics(checkpoint.round)
+        self._place_server()
         return checkpoint.round, float(checkpoint.extra.get("elapsed", 0.0))
+
+    def _where_server_is(self, reply: Sent | None) -> Sent | None:
+        """A reply kept on the device, brought to the host for a server that aggregates there (the replies that
+        pass screening are all brought where the server is: a decoded one to its device)."""
+        return reply.on_host() if self.server_device == CPU and isinstance(reply, Message) else reply
+
+    def _place_server(self) -> None:
+        """The server's state (all of it is in its checkpoint) moved to `server_device`, once per run: its
+        aggregation then runs there, on replies that never left it."""
+        if self.server_device != CPU:
+            self.server.load_state_dict(on_device(self.server.state_dict(), self.server_device))
 
 
 def _grouped(failures: Mapping[int, str], shown: int = 3) -> str:

@@ -25,7 +25,7 @@ from manytask.engine.client_runner import ClientRunner, ClientState
 from manytask.engine.heap import retain_freed_memory
 from manytask.engine.loop import FitOutcome, Payloads, RoundLoop, RoundObserver
 from manytask.experiment import Experiment
-from manytask.messages import Message, as_bytes, decode, encode
+from manytask.messages import Message, Sent, as_bytes, decode, encode
 from manytask.methods.base import Metrics
 from manytask.rundir import RunDir
 
@@ -41,6 +41,11 @@ def _start_worker(config: dict[str, Any]) -> None:
 def _worker() -> ClientRunner:
     assert _runner is not None, "worker used before its initializer ran"
     return _runner
+
+
+def _bytes(payload: Sent | None) -> bytes | None:
+    """A payload as the bytes a worker process receives."""
+    return None if payload is None else as_bytes(payload)
 
 
 def pack_state(state: ClientState) -> bytes:
@@ -103,7 +108,7 @@ class ProcessPoolTransport:
         # largest clients first: idle workers take the small ones last, so the round ends with the workers level
         for client in sorted((c for c in payloads if c not in simulated_drops), key=lambda c: -self.work.get(c, 0)):
             state = pack_state(self.states.get(client, {}))
-            futures[client] = self.pool.submit(_fit, client, round_index, payloads[client], state)
+            futures[client] = self.pool.submit(_fit, client, round_index, _bytes(payloads[client]), state)
         for client, future in futures.items():
             reply, seconds, state = future.result()
             outcome.replies[client], outcome.seconds[client] = reply, seconds
@@ -115,14 +120,15 @@ class ProcessPoolTransport:
         futures = []
         for share in shares(clients, self.work, self.workers):
             states = {c: pack_state(self.states.get(c, {})) for c in share}
-            futures.append(self.pool.submit(_fit_many, share, round_index, {c: payloads[c] for c in share}, states))
+            sent = {c: _bytes(payloads[c]) for c in share}
+            futures.append(self.pool.submit(_fit_many, share, round_index, sent, states))
         for future in futures:
             for client, (reply, seconds, state) in future.result().items():
                 outcome.replies[client], outcome.seconds[client] = reply, seconds
                 self.states[client] = unpack_state(state)
 
     def evaluate(self, payloads: Payloads) -> dict[int, Metrics]:
-        futures = {c: self.pool.submit(_evaluate, c, p, pack_state(self.states.get(c, {})))
+        futures = {c: self.pool.submit(_evaluate, c, _bytes(p), pack_state(self.states.get(c, {})))
                    for c, p in payloads.items()}
         return {c: future.result() for c, future in futures.items()}
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
+import torch
 
 from manytask.errors import clipped
 from manytask.federation.federation import Federation
@@ -44,7 +45,8 @@ def screen(
                 accepted[client] = reply
             else:
                 rejected[client] = problem
-    rejected.update(server.round_problems({c: r for c, r in accepted.items() if r is not None}))
+    rejected.update(dict.fromkeys(_diverged_on_device(accepted), DIVERGED))
+    rejected.update(server.round_problems({c: r for c, r in accepted.items() if r is not None and c not in rejected}))
     return {c: r for c, r in accepted.items() if c not in rejected}, rejected
 
 
@@ -60,9 +62,22 @@ def common_problem(client: int, reply: Message, federation: Federation) -> str |
             return problem
         if key.startswith(LOSS_PREFIX) and SIZE_PREFIX + key[len(LOSS_PREFIX):] not in reply.scalars:
             return f"reply reports a loss for task '{clipped(key[len(LOSS_PREFIX):])}' without its sample count"
-    if not all(_all_finite(a) for a in reply.arrays.values() if a.dtype.kind == "f"):
+    if not all(_all_finite(a) for a in reply.arrays.values() if isinstance(a, np.ndarray) and a.dtype.kind == "f"):
         return DIVERGED
     return None
+
+
+def _diverged_on_device(replies: Mapping[int, Message | None]) -> list[int]:
+    """The clients whose replies hold a non-finite entry in an array kept on the device (`common_problem` checks
+    the host's): one reduction per array, and one read for the whole round, so the reads do not grow with the
+    clients."""
+    floats = {c: [a for a in r.arrays.values() if isinstance(a, torch.Tensor) and a.is_floating_point()]
+              for c, r in replies.items() if r is not None}
+    floats = {c: arrays for c, arrays in floats.items() if arrays}
+    if not floats:
+        return []
+    finite = torch.stack([torch.stack([torch.isfinite(a).all() for a in arrays]).all() for arrays in floats.values()])
+    return [c for c, ok in zip(floats, finite.tolist(), strict=True) if not ok]
 
 
 _DOTTED = (np.dtype(np.float32), np.dtype(np.float64))  # dtypes whose dot product is BLAS's

@@ -126,7 +126,7 @@ class StackedFeatureTerm:
         self.module = round_.template.get_submodule(self.term.module)
         self.eval_backbone = copy.deepcopy(round_.template.backbone).eval()
         self.rows = None if round_.one_row_each else round_.row_clients
-        self.per_row_tasks = torch.tensor([len(row.tasks) for row in round_.rows])
+        self.per_row_tasks = torch.tensor([len(row.tasks) for row in round_.rows], device=round_.device)
         self.round = round_
         initial = {**dict(round_.template.named_parameters()), **dict(round_.template.named_buffers())}
         count = {len(t.anchors) for t in self.terms}
@@ -164,7 +164,7 @@ class StackedFeatureTerm:
             anchor_zs = [vmap(self._represent)(active(backbone), active(module), x)
                          for backbone, module in self.anchors]
         per_sample = vmap(self.term.per_sample)(z, anchor_zs)
-        tasks = self.per_row_tasks.to(per_sample.device, per_sample.dtype)
+        tasks = self.per_row_tasks.to(per_sample.dtype)
         tasks = (tasks[:layout.clients] if layout.rows is None else tasks.index_select(0, layout.rows)).view(-1, 1)
         return self.term.scale * (per_sample * weight * tasks).sum()
 

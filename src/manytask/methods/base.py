@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -139,6 +139,10 @@ class ClientProgram(ABC, Generic[P]):
 
 
 class ServerProgram(ABC, Generic[P]):
+    # True: it aggregates wherever its state and the replies lie, so in-process the engine moves its state (all of
+    # `state_dict`) to the clients' device and replies stay there; False: it gets host replies and keeps a host state
+    supports_device: ClassVar[bool] = False
+
     def __init__(self, setup: Setup, params: P) -> None:
         self.setup = setup
         self.params = params

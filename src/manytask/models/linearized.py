@@ -28,6 +28,13 @@ class Linearized(nn.Module):
         self.names = [n for n, p in model.backbone.named_parameters() if p.requires_grad]
         self.start = {n: p.detach().clone() for n, p in model.backbone.named_parameters() if p.requires_grad}
 
+    def _apply(self, fn: Any, recurse: bool = True) -> Linearized:
+        """`to`, `cuda`, `float`, ...: θ0 goes where the parameters go (it is no parameter or buffer: it must not
+        travel in the model's state)."""
+        super()._apply(fn, recurse)
+        self.start = {n: fn(t) for n, t in self.start.items()}
+        return self
+
     def features(self, x: Tensor) -> Tensor:
         return self._linearized(self.model.backbone, x)
 

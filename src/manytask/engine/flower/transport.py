@@ -26,6 +26,7 @@ from manytask.engine.client_runner import ClientState
 from manytask.engine.flower.records import CONTROL_RECORD, METRICS_RECORD, control_of, data_of, metrics_of, request
 from manytask.engine.loop import FitOutcome, Payloads
 from manytask.errors import ManytaskError
+from manytask.messages import as_bytes
 from manytask.methods.base import Metrics
 
 LOG = logging.getLogger(__name__)
@@ -74,8 +75,9 @@ class GridTransport:
         self.round = round_index + 1
         self.stage = f"round {self.round}"
         contents = {
-            c: request(data, {"round": round_index, "drop": c in simulated_drops, **self._state_control(c),
-                              "keep_from": self.checkpointed.get(c, 0)}) for c, data in payloads.items()
+            c: request(None if data is None else as_bytes(data),
+                       {"round": round_index, "drop": c in simulated_drops, **self._state_control(c),
+                        "keep_from": self.checkpointed.get(c, 0)}) for c, data in payloads.items()
         }
         outcome = FitOutcome()
         for client, reply in self._exchange(contents, "train", str(round_index + 1), outcome.failures).items():
@@ -90,7 +92,8 @@ class GridTransport:
 
     def evaluate(self, payloads: Payloads) -> dict[int, Metrics]:
         self.stage = f"the evaluation of round {self.round}"
-        contents = {c: request(data, self._state_control(c)) for c, data in payloads.items()}
+        contents = {c: request(None if data is None else as_bytes(data), self._state_control(c))
+                    for c, data in payloads.items()}
         failures: dict[int, str] = {}
         replies = self._exchange(contents, "evaluate", "evaluate", failures)
         return {c: metrics_of(r.content.metric_records[METRICS_RECORD]) for c, r in replies.items()}

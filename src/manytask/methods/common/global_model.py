@@ -138,6 +138,7 @@ class GlobalModelServer(ServerProgram[P]):
     (`self.parts`): the reply checks and the divergence guard are the model's, and its checkpoint is the model's
     state with its parts (`with_parts`)."""
 
+    supports_device = True
     model: GlobalModel
     parts: dict[str, dict[str, Tensor]]
 

@@ -25,18 +25,43 @@ MIN_REPLIES = 3
 def update_norms(sent: Mapping[int, Mapping[str, Tensor]], replies: Mapping[int, Mapping[str, Tensor]]
                  ) -> dict[int, float]:
     """Per client, u_n = max over the trained copies of its reply (reply keys -> tensors) of ‖trained − sent‖₂ over
-    their parameters."""
+    their parameters: in numpy on the host (`squared_distance`), on the device where the replies lie there
+    (`_device_norms`)."""
+    pairs = {client: _compared(sent[client], trained) for client, trained in replies.items()}
+    devices = {trained[k].device for client, trained in replies.items() for copy in pairs[client] for k, _ in copy}
+    if devices - {torch.device("cpu")}:
+        return _device_norms(replies, pairs, (devices - {torch.device("cpu")}).pop())
     norms = dict.fromkeys(replies, 0.0)
     for client, trained in replies.items():
-        references = sent[client]
-        for keys in copy_groups(trained).values():
-            square = 0.0
-            for key in keys:
-                reference = references.get(reference_key(key))
-                if reference is not None and is_parameter(key, trained[key]):
-                    square += squared_distance(trained[key], reference)
+        for copy in pairs[client]:
+            square = sum(squared_distance(trained[k], reference) for k, reference in copy)
             norms[client] = max(norms[client], math.sqrt(square))
     return norms
+
+
+Compared = list[list[tuple[str, Tensor]]]  # per trained copy, its parameters' (reply key, reference sent) pairs
+
+
+def _compared(references: Mapping[str, Tensor], trained: Mapping[str, Tensor]) -> Compared:
+    return [[(k, reference) for k in keys if (reference := references.get(reference_key(k))) is not None
+             and is_parameter(k, trained[k])] for keys in copy_groups(trained).values()]
+
+
+def _device_norms(replies: Mapping[int, Mapping[str, Tensor]], pairs: Mapping[int, Compared],
+                  device: torch.device) -> dict[int, float]:
+    """`update_norms` on `device` (a reply decoded on the host is brought there): each squared distance summed in
+    float64 (a 5e24 update measures 5e24), the largest copy's read once for the whole round, its root taken on
+    the host."""
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    squares = [torch.stack([torch.stack([_squared(trained[k].to(device) - reference.to(device))
+                                         for k, reference in copy]).sum() for copy in pairs[client] if copy]).max()
+               if any(pairs[client]) else zero for client, trained in replies.items()]
+    return {c: math.sqrt(v) for c, v in zip(replies, torch.stack(squares).tolist(), strict=True)} if squares else {}
+
+
+def _squared(difference: Tensor) -> Tensor:
+    wide = difference.reshape(-1).double()
+    return torch.dot(wide, wide)
 
 
 def squared_distance(array: Tensor, reference: Tensor) -> float:

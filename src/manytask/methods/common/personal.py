@@ -71,6 +71,8 @@ class PerClientPayloadServer(ServerProgram):
     sampled or evaluated; clients it owes nothing get None. The pending payloads are its crash-safe state,
     stored as `pending/<client>/<name>`."""
 
+    supports_device = True
+
     def __init__(self, setup: Setup, params: Params) -> None:
         super().__init__(setup, params)
         self.pending: dict[int, dict[str, Tensor]] = {}

@@ -64,15 +64,24 @@ def is_parameter(key: str, value: Tensor) -> bool:
 
 
 def delta(sent: Mapping[str, Tensor], reply: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """trained − reference for every parameter of `reply` that was sent (keys as in the reply), computed on the host
-    where messages lie (numpy: no kernel launch per array)."""
-    return {k: torch.from_numpy(_host(v) - _host(sent[reference_key(k)])) for k, v in reply.items()
+    """trained − reference for every parameter of `reply` that was sent (keys as in the reply), computed where the
+    reply lies: on the host in numpy (no kernel launch per array), on a device there."""
+    return {k: _difference(v, sent[reference_key(k)]) for k, v in reply.items()
             if reference_key(k) in sent and is_parameter(k, v)}
 
 
+def _difference(value: Tensor, reference: Tensor) -> Tensor:
+    if value.is_cpu:
+        return torch.from_numpy(_host(value) - _host(reference))
+    return value - reference.to(value.device)
+
+
 def delta_norm(deltas: Mapping[str, Tensor]) -> float:
-    """‖Δ‖ = sqrt(Σ_k ‖Δ_k‖²) over all the keys of an update, in float64."""
-    return math.sqrt(sum(float(v.double().square().sum()) for v in deltas.values()))
+    """‖Δ‖ = sqrt(Σ_k ‖Δ_k‖²) over all the keys of an update, in float64, the keys' terms added on the host in key
+    order (an update on a device is read back once)."""
+    squares = [v.double().square().sum() for v in deltas.values()]
+    on_device = bool(squares) and not squares[0].is_cpu
+    return math.sqrt(sum(torch.stack(squares).tolist() if on_device else map(float, squares)))
 
 
 def apply(state: Mapping[str, Tensor], deltas: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -101,7 +101,7 @@ class FedGaClient(HostClient):
 
     def received_loss(self, ctx: ClientContext, payload: Message | None) -> float:
         """Mean per-sample loss of the received global model on all the client's data."""
-        model, module = self.build_model()
+        model, module = self.build_on_device()
         load_state(model, self.received(ctx, payload))
         return summed_loss(module, self.setup.specs, ctx.data) / sample_count(ctx.data)
 
@@ -122,7 +122,7 @@ class FedGaServer(HostServer):
     def update_weights(self, client: int, keys: list[str], sizes: dict[str, int]) -> dict[str, float | Tensor]:
         """FedAvg's weight × a_n / n_n."""
         position = self.clients.index(client)
-        scale = float(self.weights[position] / self.samples[position])
+        scale = float(self.weights[position]) / float(self.samples[position])  # a_n may lie on the device
         return {k: w * scale for k, w in fedavg_weights(keys, sizes).items()}
 
     def aggregate_replies(
@@ -134,7 +134,7 @@ class FedGaServer(HostServer):
         if gaps:
             step = self.params.step_size * (1 - round_index / self.setup.rounds)
             members = [self.clients.index(c) for c in gaps]
-            values = torch.tensor(list(gaps.values()), dtype=torch.float64)
+            values = torch.tensor(list(gaps.values()), dtype=torch.float64, device=self.weights.device)
             self.parts[PART][WEIGHTS] = generalization_adjustment(self.weights, members, values, step)
         return super().aggregate_replies(round_index, replies, adjust, rule)
 

@@ -82,7 +82,7 @@ class GradNormClient(FedAvgClient):
         return super().fit(ctx, payload)
 
     def combine(self, ctx: ClientContext, copy: TrainedCopy) -> LossCombiner:
-        weights = torch.tensor([self.sent_weights.get(t, 1.0) for t in copy.tasks])
+        weights = torch.tensor([self.sent_weights.get(t, 1.0) for t in copy.tasks], device=self.device)
         self.combiner = GradNormCombiner(weights, ctx.state.get(INITIAL_LOSSES), self.params)
         return self.combiner
 

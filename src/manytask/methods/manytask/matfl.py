@@ -44,7 +44,7 @@ def group_clients(similarity: Tensor, threshold: float) -> list[list[int]]:
     n = len(similarity)
     if n == 1:
         return [[0]]
-    distance = (1 - similarity.double()).clamp_min(0).numpy()
+    distance = (1 - similarity.double()).clamp_min(0).cpu().numpy()  # one read: the clustering runs on the host
     np.fill_diagonal(distance, 0.0)
     from sklearn.cluster import AgglomerativeClustering  # here: importing sklearn slows every start-up
 
@@ -58,6 +58,10 @@ def group_clients(similarity: Tensor, threshold: float) -> list[list[int]]:
 
 
 class MatflServer(ServerProgram):
+    """Keeps each client's model; aggregates where they lie (the clustering reads the similarities once)."""
+
+    supports_device = True
+
     def __init__(self, setup: Setup, params: MatflParams) -> None:
         super().__init__(setup, params)
         initial = trainable_state(setup.build_model())

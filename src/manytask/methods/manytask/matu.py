@@ -81,7 +81,7 @@ class TaskVectorSpace:
     def model_with(self, setup: Setup, vector: Tensor, heads: Mapping[str, Tensor]) -> MultiTaskModel:
         """θ_p + τ in the adapters, plus the given heads."""
         model = setup.build_model()
-        self.space.assign(model, self.initial + vector)
+        self.space.assign(model, self.initial.to(vector.device) + vector)  # the vector may lie on a device
         load_state(model, heads)
         return model
 
@@ -156,6 +156,11 @@ class MatuClient(ClientProgram):
         """θ_p of the adapters, flattened, on the program's device (where trained vectors are taken from it)."""
         return self.space.initial.to(self.device)
 
+    def initial_on(self, device: torch.device) -> Tensor:
+        """θ_p where a received vector lies: the program's device (in-process, payloads stay on the server's
+        device), or the host (a payload decoded from bytes)."""
+        return self.initial if device == self.initial.device else self.space.initial.to(device)
+
     template = program_template()
 
     def fit(self, ctx: ClientContext, payload: Message | None) -> Message:
@@ -189,7 +194,8 @@ class MatuClient(ClientProgram):
             if key not in starts:
                 received = received_vectors(payload, tasks)
                 # views: the executor stacks (copies) the starts
-                starts[key] = {t: self.space.space.views(self.space.initial + received[t]) for t in tasks}
+                starts[key] = {t: self.space.space.views(self.initial_on(received[t].device) + received[t])
+                               for t in tasks}
             received_heads = {k: v for k, v in payload.tensors().items() if task_of_key(k) is not None}
             plans.append([ClientPlan(self.template.model, trainer, ctx.round_index, self.setup.rounds, {},
                                      {task: ctx.data[task]}, self.template.start(starts[key][task], received_heads),
@@ -239,7 +245,10 @@ class MatuClient(ClientProgram):
 
 
 class MatuServer(ServerProgram):
-    """Keeps one task vector and one head per task; per-client payloads are unifications of those."""
+    """Keeps one task vector and one head per task; per-client payloads are unifications of those. It aggregates
+    where its state lies (`aggregate` runs on the host in cache-sized blocks, on a device in few large ops)."""
+
+    supports_device = True
 
     def __init__(self, setup: Setup, params: MatuParams) -> None:
         super().__init__(setup, params)
@@ -302,7 +311,8 @@ class MatuServer(ServerProgram):
         and λ = 1 (so steps 1-2 reduce to agreement-masked weighted averages of the tasks' own vectors)."""
         sizes = task_sizes(reply)
         if UNIFIED not in reply.arrays:
-            full = torch.ones(self.space.space.dim, dtype=torch.bool)
+            device = reply.tensor(VECTOR_PREFIX + next(iter(sizes))).device  # where the reply's vectors lie
+            full = torch.ones(self.space.space.dim, dtype=torch.bool, device=device)
             return [{"unified": reply.tensor(VECTOR_PREFIX + t), "masks": {t: full}, "rescalers": {t: 1.0},
                      "sizes": {t: n}} for t, n in sizes.items()]
         return [{
@@ -315,9 +325,8 @@ class MatuServer(ServerProgram):
     def _similarity_log(self) -> dict[str, float]:
         """S(t, t') between the current task vectors (eq. 5), flattened for metrics.jsonl (paper Fig. 2)."""
         tasks = list(self.vectors)
-        similarity = task_similarity(torch.stack([self.vectors[t] for t in tasks]))
-        return {similarity_key(a, b): float(similarity[i, j]) for i, a in enumerate(tasks)
-                for j, b in enumerate(tasks)}
+        similarity = task_similarity(torch.stack([self.vectors[t] for t in tasks])).tolist()  # one read
+        return {similarity_key(a, b): similarity[i][j] for i, a in enumerate(tasks) for j, b in enumerate(tasks)}
 
     def evaluate(self, test: TaskData) -> Metrics:
         """Per task, two views (spec "Evaluation"): the server's, θ_p + τ^t with the task's head, under the task's

@@ -94,9 +94,10 @@ def aggregate(
         return {}
     names = sorted(per_task)
     num_tasks = len(names)
+    device = vectors[0].device  # where the replies lie: the server's device
     # A finite sum means finite entries (a NaN or ±inf entry makes the sum NaN or ±inf); an overflowing sum of finite
     # entries only sends the upload down the literal path, which gives the same numbers.
-    finite = [_finite_sum(v) for v in vectors]
+    finite = _finite_sums(vectors)
 
     # Steps 1-2 run on batches of tasks with the same holder count K (see _SameTaskBatch).
     same = []
@@ -115,7 +116,8 @@ def aggregate(
                 and bool(((coeff.abs() >= 2.0**-900) & (coeff.abs() < float("inf"))).all())):
             sign_coeff = torch.sign(coeff.view(-1, 1)).to(torch.float32)
         same.append(_SameTaskBatch(
-            tasks, torch.tensor(tasks), count, holders, task_masks, coeff, batch_finite, sign_coeff,
+            tasks, torch.tensor(tasks, device=device), count, holders, task_masks, coeff.to(device), batch_finite,
+            None if sign_coeff is None else sign_coeff.to(device),
         ))
     plan = _Plan(vectors, num_tasks, rho, same)
 
@@ -125,7 +127,7 @@ def aggregate(
     if cross_task in ("mean", "sum"):
         if d == 0:
             raise ValueError("task_vectors must have d >= 1 entries")
-        sim = similarity_from_counts(plan.count_signs(d), d)
+        sim = similarity_from_counts(plan.count_signs(d).cpu(), d)  # read once: neighbours are picked on the host
         z = neighbours(sim, eps, kappa)
         weights = [[float(sim[t, i]) for i in z[t]] for t in range(num_tasks)]
         plan.set_cross(cross_task, z, weights, [1.0 + float(sum(w)) for w in weights])  # "mean": combine's divisor
@@ -135,20 +137,26 @@ def aggregate(
                        [1.0 + float(num_tasks - 1)] * num_tasks)
 
     # Steps 5-6, written span by span into each task's float32 result.
-    outputs = [torch.empty(d, dtype=torch.float32) for _ in names]
-    for start in range(0, d, _SPAN):
-        plan.write_new(outputs, start, min(start + _SPAN, d))
+    outputs = [torch.empty(d, dtype=torch.float32, device=device) for _ in names]
+    for start in range(0, d, plan.span):
+        plan.write_new(outputs, start, min(start + plan.span, d))
     return dict(zip(names, outputs, strict=True))
 
 
-def _finite_sum(vector: Tensor) -> bool:
-    """Whether the entries' sum is finite, summed on the host in float64 (numpy: no kernel, no device read): for
-    float32 entries exactly when every entry is; float64 entries whose sum overflows take the literal path, which
-    gives the same numbers."""
-    vector = vector.detach().cpu()
+def _finite_sums(vectors: list[Tensor]) -> list[bool]:
+    """Whether each vector's entries sum to a finite value, in float64: for float32 entries exactly when every entry
+    is finite; float64 entries whose sum overflows take the literal path, which gives the same numbers. On the host
+    in numpy (no kernel); on a device there, read back once for all the vectors."""
+    if vectors[0].is_cpu:
+        return [bool(np.isfinite(np.sum(_numpy(v), dtype=np.float64))) for v in vectors]
+    return torch.stack([v.detach().sum(dtype=torch.float64) for v in vectors]).isfinite().tolist()
+
+
+def _numpy(vector: Tensor) -> np.ndarray:
+    vector = vector.detach()
     if vector.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds every bfloat16 value exactly
         vector = vector.float()
-    return bool(np.isfinite(np.sum(vector.numpy(), dtype=np.float64)))
+    return vector.numpy()
 
 
 def _bool_mask(mask: Any, d: int, where: str) -> Tensor:
@@ -188,6 +196,9 @@ _BATCH_ROWS = 64
 _SPAN = 16384
 # Columns of sign votes per matmul in aggregate's similarity pass (a multiple of _SPAN, < 2^24).
 _SIGN_COLUMNS = 1 << 18
+# On a device, a span is one block (each op a kernel launch, not a cache-sized loop): as many columns as keep its
+# largest stack under this many elements (64 MiB as float64 per row group of the batched steps).
+_DEVICE_ELEMENTS = 1 << 23
 
 
 class _SameTaskBatch(NamedTuple):
@@ -214,7 +225,11 @@ class _Plan:
 
     def __init__(self, vectors: list[Tensor], num_tasks: int, rho: float, same: list[_SameTaskBatch]) -> None:
         self.vectors, self.num_tasks, self.rho, self.same = vectors, num_tasks, rho, same
-        self.block = _block_size(max(num_tasks + 1, *(len(b.holders) for b in same)))
+        self.device = vectors[0].device
+        rows = max(num_tasks + 1, *(len(b.holders) for b in same))
+        # columns per span, and per block inside a span (a span is one block on a device)
+        self.span = _SPAN if self.device.type == "cpu" else _device_span(rows)
+        self.block = _block_size(rows) if self.device.type == "cpu" else self.span
         self.all_at_once = len(same) == 1 and same[0].tasks == list(range(num_tasks))
         self.cross_task = "none"
         self.cross: list[_CrossBatch] = []
@@ -233,16 +248,19 @@ class _Plan:
             others, weights = [z for z, _ in pad], [w for _, w in pad]
         else:
             groups = _batches({t: len(z) for t, z in enumerate(others)})
+        device = self.device
         self.cross = [
             _CrossBatch(
-                tasks, torch.tensor(tasks),
-                torch.tensor([others[t] for t in tasks], dtype=torch.long).view(len(tasks), count),
-                torch.tensor([weights[t] for t in tasks], dtype=torch.float64).view(len(tasks), count, 1),
-                torch.tensor([denominators[t] for t in tasks], dtype=torch.float64).view(-1, 1),
+                tasks, torch.tensor(tasks, device=device),
+                torch.tensor([others[t] for t in tasks], dtype=torch.long, device=device).view(len(tasks), count),
+                torch.tensor([weights[t] for t in tasks], dtype=torch.float64, device=device).view(
+                    len(tasks), count, 1),
+                torch.tensor([denominators[t] for t in tasks], dtype=torch.float64, device=device).view(-1, 1),
             )
             for count, tasks in groups
         ]
-        self.block = min(self.block, _block_size(max(len(b.tasks) * b.others.shape[1] for b in self.cross)))
+        if device.type == "cpu":
+            self.block = min(self.block, _block_size(max(len(b.tasks) * b.others.shape[1] for b in self.cross)))
 
     def _gather(self, start: int, stop: int) -> list[tuple[Tensor, Tensor]]:
         """Each same-task batch's τ_n and m_n^t rows on the columns [start, stop) (one copy per span)."""
@@ -269,8 +287,8 @@ class _Plan:
         if self.all_at_once:
             m_hat, tau_hat = self._same_task_batch(self.same[0], gathered[0][0][:, lo:hi], gathered[0][1][:, lo:hi])
             return m_hat, torch.cat([tau_hat, tau_hat.new_zeros(1, hi - lo)]) if pad else tau_hat
-        m_hats = torch.empty(self.num_tasks, hi - lo, dtype=torch.float64)
-        tau_hats = torch.zeros(self.num_tasks + pad, hi - lo, dtype=torch.float64)
+        m_hats = torch.empty(self.num_tasks, hi - lo, dtype=torch.float64, device=self.device)
+        tau_hats = torch.zeros(self.num_tasks + pad, hi - lo, dtype=torch.float64, device=self.device)
         for batch, (taus, keep) in zip(self.same, gathered, strict=True):
             m_hat, tau_hat = self._same_task_batch(batch, taus[:, lo:hi], keep[:, lo:hi])
             m_hats.index_copy_(0, batch.index, m_hat)
@@ -301,15 +319,15 @@ class _Plan:
         """Σ_i sgn(τ̂^t_i) sgn(τ̂^{t'}_i) over all d columns, ``[T, T]`` float64 (exact). The signs are collected in
         a float32 buffer of up to :data:`_SIGN_COLUMNS` columns and counted with one matmul per buffer (exact: the
         sums are integers < 2^24); a matmul per block would open thousands of small BLAS thread regions."""
-        counts = torch.zeros(self.num_tasks, self.num_tasks, dtype=torch.float64)
-        width = _SPAN
+        counts = torch.zeros(self.num_tasks, self.num_tasks, dtype=torch.float64, device=self.device)
+        width = self.span
         while width < _SIGN_COLUMNS and self.num_tasks * width * 2 <= 1 << 22:
             width *= 2
-        signs = torch.empty(self.num_tasks, width, dtype=torch.float32)
+        signs = torch.empty(self.num_tasks, width, dtype=torch.float32, device=self.device)
         for first in range(0, d, width):
             last = min(first + width, d)
-            for start in range(first, last, _SPAN):
-                stop = min(start + _SPAN, last)
+            for start in range(first, last, self.span):
+                stop = min(start + self.span, last)
                 gathered = self._gather(start, stop)
                 for lo in range(0, stop - start, self.block):
                     hi = min(lo + self.block, stop - start)
@@ -321,7 +339,7 @@ class _Plan:
     def write_new(self, outputs: list[Tensor], start: int, stop: int) -> None:
         """Steps 1-6 on the columns [start, stop): the new float32 task vectors into ``outputs``."""
         gathered = self._gather(start, stop)
-        staging = torch.empty(self.num_tasks, stop - start, dtype=torch.float32)
+        staging = torch.empty(self.num_tasks, stop - start, dtype=torch.float32, device=self.device)
         for lo in range(0, stop - start, self.block):
             hi = min(lo + self.block, stop - start)
             m_hats, tau_hats = self._same_task(gathered, lo, hi)
@@ -355,6 +373,12 @@ def _batches(counts: Mapping[int, int]) -> list[tuple[int, list[int]]]:
     step = {count: max(1, _BATCH_ROWS // max(count, 1)) for count in by_count}
     return [(count, tasks[i : i + step[count]]) for count, tasks in by_count.items()
             for i in range(0, len(tasks), step[count])]
+
+
+def _device_span(rows: int) -> int:
+    """Columns per span on a device: a multiple of 64 keeping a stack of ``rows`` rows under
+    :data:`_DEVICE_ELEMENTS` elements."""
+    return max(64, _DEVICE_ELEMENTS // rows // 64 * 64)
 
 
 def _block_size(rows: int) -> int:

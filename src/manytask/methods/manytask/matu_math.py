@@ -136,7 +136,7 @@ def _similarity64(task_vectors: Tensor) -> Tensor:
     d = task_vectors.shape[1]
     if d == 0:
         raise ValueError("task_vectors must have d >= 1 entries")
-    counts = torch.zeros(task_vectors.shape[0], task_vectors.shape[0], dtype=torch.float64)
+    counts = torch.zeros(task_vectors.shape[0], task_vectors.shape[0], dtype=torch.float64, device=task_vectors.device)
     vectors = task_vectors.detach()
     for start in range(0, d, _BLOCK):
         _add_sign_counts(counts, vectors[:, start : start + _BLOCK])

@@ -133,16 +133,17 @@ def _anchor_means(held: list[Tensor]) -> Tensor:
     widest = max(sizes)
     # Each client's anchor rows, padded to the widest by repeating its last row (a repeat does not change a max).
     columns = torch.tensor([[start + min(r, size - 1) for r in range(widest)] for start, size in zip(starts, sizes,
-                                                                                                    strict=True)])
-    best = torch.empty(rows.shape[0], len(held), dtype=rows.dtype)  # [a, j]: max over j's rows of cos(a, ·)
+                                                                                                    strict=True)],
+                           device=rows.device)
+    best = torch.empty(rows.shape[0], len(held), dtype=rows.dtype, device=rows.device)  # [a, j]: max cos(a, j's)
     chunk = max(1, (1 << 22) // max(1, rows.shape[0] * rows.shape[1]))
     for first in range(0, rows.shape[0], chunk):
         cos = (normalized[first : first + chunk, None, :] * normalized[None, :, :]).sum(dim=-1)  # [c, M]
         best[first : first + chunk] = cos[:, columns].amax(dim=-1)
-    means = torch.empty(len(held), len(held), dtype=rows.dtype)
+    means = torch.empty(len(held), len(held), dtype=rows.dtype, device=rows.device)
     for size in sorted(set(sizes)):
         clients = [i for i, s in enumerate(sizes) if s == size]
-        index = torch.tensor([starts[i] + r for i in clients for r in range(size)])
+        index = torch.tensor([starts[i] + r for i in clients for r in range(size)], device=rows.device)
         # [G, N, size] contiguous, so each mean runs over a contiguous row like the per-pair 1-D mean.
         picked = best.index_select(0, index).view(len(clients), size, -1).transpose(1, 2).contiguous()
         means[clients] = picked.mean(dim=-1)

@@ -12,7 +12,7 @@ A plug-in's own server state lives under `plugin/` in the checkpoint, next to th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -77,11 +77,16 @@ class PluginClient(ClientProgram[P], Generic[P]):
 
 
 class PluginServer(ServerProgram[P], Generic[P]):
+    # True where the plug-in's server code (restore, adjust, rule, state) runs wherever the replies lie; the wrapped
+    # server then aggregates on the device when its host does
+    device_ready: ClassVar[bool] = False
+
     def __init__(self, host: ServerProgram, setup: Setup, params: P) -> None:
         if not isinstance(host, HostServer):
             raise ManytaskError(f"a plug-in wraps host methods only, not {type(host).__name__}.")
         super().__init__(setup, params)
         self.host = host
+        self.supports_device = host.supports_device and self.device_ready
         self.state: dict[str, Tensor] = {}  # the plug-in's own crash-safe state
         self.log: dict[str, float] = {}  # scalars to log for the round being aggregated
         self.restored: dict[int, tuple[Message, Message]] = {}  # this round's (reply, restored reply) by client

@@ -108,11 +108,11 @@ def first_of_stable_sort(magnitude: np.ndarray, k: int, largest: bool) -> np.nda
 
 class DeaClient(PluginClient[DeaParams]):
     """Uploads each trained copy's parameter deltas after DEA, sparsely; buffers and entries that were not sent
-    travel as the host sent them. The reply's arrays lie on the host, and DEA works on them there (numpy): no
-    kernel launches, whatever the round's clients."""
+    travel as the host sent them. DEA works on the reply's arrays on the host (numpy): no kernel launches, whatever
+    the round's clients; a reply made on a device is copied there first."""
 
     def transform_reply(self, ctx: ClientContext, payload: Message, reply: Message) -> Message:
-        sent, arrays = payload.tensors(), reply.tensors()
+        sent, arrays = payload.on_host().tensors(), reply.on_host().tensors()
         changed: dict[str, np.ndarray] = {}
         inflations = []
         for name, keys in copy_groups(arrays).items():

@@ -26,6 +26,7 @@ dropped client only lowers m_k (its sensitivity stays C per round). Noise is dra
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Literal
 
@@ -89,7 +90,9 @@ def noised_mean(deltas: list[Deltas], std: float, generator: torch.Generator) ->
     for k in keys:
         held = [d[k].double() for d in deltas if k in d]
         total = torch.stack(held).sum(dim=0)
-        noise = torch.normal(0.0, std, total.shape, generator=generator, dtype=torch.float64) if std > 0 else 0.0
+        # drawn on the host (the generator is a CPU one: the same noise on any device), moved once per key
+        noise = (torch.normal(0.0, std, total.shape, generator=generator, dtype=torch.float64).to(total.device)
+                 if std > 0 else 0.0)
         out[k] = (total + noise) / len(held)
     return out
 
@@ -142,12 +145,13 @@ def _refuse_what_dp_cannot_bound(host: ServerProgram) -> None:
 
 
 class DPClient(PluginClient[DPParams]):
-    """Local DP: the reply's update clipped to C and noised with std z·C before it leaves the client."""
+    """Local DP: the reply's update clipped to C and noised with std z·C before it leaves the client, on the host
+    (the noise comes from a CPU generator, so the numbers do not depend on the device)."""
 
     def transform_reply(self, ctx: ClientContext, payload: Message, reply: Message) -> Message:
         if self.params.where == "server":
             return reply
-        sent, arrays = payload.tensors(), reply.tensors()
+        sent, arrays = payload.on_host().tensors(), reply.on_host().tensors()
         changed: dict[str, Tensor] = {}
         generator = torch_generator(ctx.seed, "dp")
         for keys in copy_groups(arrays).values():
@@ -162,7 +166,10 @@ class DPClient(PluginClient[DPParams]):
 
 
 class DPServer(PluginServer[DPParams]):
-    """Central DP (clipping and noise on the server) or the accounting of local DP; logs ε every round."""
+    """Central DP (clipping and noise on the server) or the accounting of local DP; logs ε every round. It clips and
+    noises where the replies lie; its accountant's state (RDP, bound, participations) stays on the host."""
+
+    device_ready = True
 
     def __init__(self, host: ServerProgram, setup: Setup, params: DPParams) -> None:
         super().__init__(host, setup, params)
@@ -197,6 +204,10 @@ class DPServer(PluginServer[DPParams]):
                          "dp/epsilon": epsilon(self.state["rdp"], self.params.delta)})
         # every holder of a key gets the same Δ̄_k, so any weighting of the host's gives Δ̄_k
         return [u.with_deltas(d) for u, d in zip(updates, replaced(deltas, mean), strict=True)]
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        super().load_state_dict(state)
+        self.state = {k: v.cpu() for k, v in self.state.items()}  # bookkeeping: read and written on the host
 
     def _account_local(self, updates: list[Update]) -> list[Update]:
         """Local DP: the clients noised their own updates; ε of the client that took part most often."""

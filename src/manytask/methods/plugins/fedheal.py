@@ -82,6 +82,8 @@ class FedhealServer(PluginServer[FedhealParams]):
     """Masks every update by its client's consistency history and reweights it for fairness before the host's
     rule; history, counts and weights live in `self.state` (checkpointed)."""
 
+    device_ready = True
+
     def adjust(self, round_index: int, updates: list[Update]) -> list[Update]:
         slots = [self.slot(u) for u in updates]
         deltas = [u.deltas() for u in updates]

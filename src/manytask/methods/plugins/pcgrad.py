@@ -56,6 +56,8 @@ def conflicting_pairs(deltas: list[dict[str, Tensor]]) -> int:
 class PcgradServer(PluginServer[Params]):
     """Projects every update against the others' conflicting directions before the host's rule."""
 
+    device_ready = True
+
     def adjust(self, round_index: int, updates: list[Update]) -> list[Update]:
         deltas = [u.deltas() for u in updates]
         orders = [self.order(round_index, i, len(updates)) for i in range(len(updates))]

@@ -150,6 +150,8 @@ def krum_select(deltas: list[Deltas], byzantine: int, select: int) -> list[int]:
 class ClipServer(PluginServer[ClipParams]):
     """Scales every update whose delta is longer than C down to norm C before the host's rule."""
 
+    device_ready = True
+
     def adjust(self, round_index: int, updates: list[Update]) -> list[Update]:
         if not updates:
             return updates
@@ -164,6 +166,8 @@ class ClipServer(PluginServer[ClipParams]):
 class CoordinateServer(PluginServer[P], Generic[P]):
     """Gives every update a coordinate-wise robust aggregate of the deltas, so the host's average of identical
     values is reference + that aggregate."""
+
+    device_ready = True
 
     @abstractmethod
     def robust(self, deltas: list[Deltas]) -> Deltas:
@@ -191,6 +195,8 @@ class TrimmedMeanServer(CoordinateServer[TrimmedMeanParams]):
 
 class KrumServer(PluginServer[KrumParams]):
     """Keeps the updates of lowest Krum score, with the host's weights; the others are dropped."""
+
+    device_ready = True
 
     def adjust(self, round_index: int, updates: list[Update]) -> list[Update]:
         kept = krum_select([u.deltas() for u in updates], self.params.byzantine, self.params.select)
