@@ -149,10 +149,12 @@ def test_flower_client_gpus_without_a_gpu_is_refused_before_ray_starts(tmp_path)
 
 HOSTS = ["fedavg", "fedprox", "fednova", "feddyn", "fedbn", "moon", "fedacg", "fedadam", "fedyogi", "fedper"]
 # no client state to checkpoint
-STATELESS = {"fedavg", "fedprox", "fednova", "fedacg", "fedadam", "fedyogi", "matu", "matfl"}
+STATELESS = {"fedavg", "fedprox", "fednova", "fedacg", "fedadam", "fedyogi", "matu", "matfl", "fedavg+dea"}
+# DEA reads back once per reply on each side (the client's nonzero counts and norms, the server's consistency check)
+ENTRIES = {"fedavg+dea": {"name": "fedavg", "label": "fedavg+dea", "plugin": {"name": "dea", "rho": 0.3}}}
 
 
-def _host_run(method: str, clients: int, rounds: int, path, device: str) -> tuple[dict, tuple[int, int, int]]:
+def _host_run(method: str | dict, clients: int, rounds: int, path, device: str) -> tuple[dict, tuple[int, int, int]]:
     """(the run's summary, its copies to the device and to the host and its host reads: zero on a real GPU); the
     clients take one local step per 4 clients, so a copy made per step shows as one made per client."""
     train = {**CONFIG["train"], "local_steps": clients // 4}  # overrides local_epochs
@@ -167,22 +169,25 @@ def _host_run(method: str, clients: int, rounds: int, path, device: str) -> tupl
     return summary, (sim.to_device, sim.to_host, sim.host_reads) if sim else (0, 0, 0)
 
 
-@pytest.mark.parametrize("method", [*HOSTS, "matu", "matfl"])
+@pytest.mark.parametrize("method", [*HOSTS, "matu", "matfl", "fedavg+dea"])
 def test_every_host_aggregates_on_the_device_with_the_cpus_numbers(method, tmp_path):
     """The server's state moves to the device once and the replies never leave it: what one more round adds to a
     run's copies each way and to its host reads is the same at 4 clients taking 1 local step and at 12 taking 3 (but
     the checkpointed client states of FedDyn, FedBN, MOON and FedPer), and the numbers are the CPU's. MaTU and
-    MaT-FL, whose servers keep per-task vectors and per-client models, too."""
+    MaT-FL, whose servers keep per-task vectors and per-client models, and FedAvg + DEA, whose sparse uploads are
+    made and restored there (two reads a client), too."""
     per_round = {}
+    entry = ENTRIES.get(method, method)
     for clients in (4, 12):
-        cpu, _ = _host_run(method, clients, 3, tmp_path / f"{clients}-cpu", "cpu")
-        gpu, three = _host_run(method, clients, 3, tmp_path / f"{clients}-gpu", "cuda")
-        _, two = _host_run(method, clients, 2, tmp_path / f"{clients}-gpu2", "cuda")
+        cpu, _ = _host_run(entry, clients, 3, tmp_path / f"{clients}-cpu", "cpu")
+        gpu, three = _host_run(entry, clients, 3, tmp_path / f"{clients}-gpu", "cuda")
+        _, two = _host_run(entry, clients, 2, tmp_path / f"{clients}-gpu2", "cuda")
         per_round[clients] = [a - b for a, b in zip(three, two, strict=True)]
         for task, metrics in cpu[method]["tasks"].items():
             assert gpu[method]["tasks"][task]["loss"] == pytest.approx(metrics["loss"], rel=1e-5), (method, task)
     to_device, to_host, reads = zip(per_round[4], per_round[12], strict=True)
-    assert to_device[0] == to_device[1] and reads[0] == reads[1], per_round
+    per_client_reads = 2 if method in ENTRIES else 0
+    assert to_device[0] == to_device[1] and reads[1] - reads[0] == per_client_reads * 8, per_round
     if method in STATELESS:
         assert to_host[0] == to_host[1], per_round
 

@@ -10,10 +10,10 @@ from pydantic import ValidationError
 from manytask.client.trainer import TrainConfig
 from manytask.config import validate
 from manytask.launch import resume, run_config
-from manytask.messages import Message
+from manytask.messages import Message, encode
 from manytask.methods.base import ClientContext, ClientProgram, Setup
 from manytask.methods.common.aggregation import weighted_average
-from manytask.methods.common.updates import Update
+from manytask.methods.common.updates import Update, densify
 from manytask.methods.feddea import DeaClient, DeaParams, DeaServer, dea
 from manytask.methods.hosts.fedavg import FedAvgParams, FedAvgServer
 from manytask.methods.plugins.dea import first_of_stable_sort
@@ -22,6 +22,7 @@ from manytask.methods.plugins.pcgrad import PcgradServer, conflicting_pairs, pro
 from manytask.registry import Params
 from manytask.tasks import TaskKind, TaskSpec
 from tests.conftest import small_config_dict
+from tests.simulated_cuda import simulated_cuda
 
 ONE_TASK_PER_CLIENT = {
     "federation": {"num_clients": 6, "tasks": {"kind": "one-per-client"}, "samples": {"kind": "iid"}},
@@ -146,6 +147,51 @@ def test_dea_at_rho_one_uploads_the_host_reply_unchanged():
     upload = client.fit(ClientContext(0, 0, {}, seed=1), Message.from_tensors(SENT))
     assert upload.arrays.keys() == reply.arrays.keys()
     assert all((upload.arrays[k] == reply.arrays[k]).all() for k in reply.arrays)
+
+
+def _on_gpu(message: Message) -> Message:
+    return Message.from_tensors({k: v.to("cuda") for k, v in message.tensors().items()}, scalars=message.scalars)
+
+
+@pytest.mark.parametrize("select", ["largest", "smallest", "random"])
+@pytest.mark.parametrize("rho", [0.05, 0.5, 0.9])
+def test_dea_on_a_device_uploads_what_it_uploads_on_the_host(select, rho):
+    """A reply made on a (simulated) GPU: DEA selects, rescales and encodes it there, with one read back, into the
+    host path's upload bit for bit (arrays, bytes and the inflation scalar); the server restores it there."""
+    generator = torch.Generator().manual_seed(3)
+    sent = {"copy/a/backbone.w": torch.randn(40, generator=generator),
+            "heads.a.w": torch.randn(3, 5, generator=generator)}
+    trained = {k: v + torch.randn(v.shape, generator=generator) * (torch.rand(v.shape, generator=generator) < 0.7)
+               for k, v in sent.items()}
+    trained["copy/a/backbone.w"][:4] = sent["copy/a/backbone.w"][:4]  # ties at |Δ| = 0
+    reply = Message.from_tensors({**trained, "buffer/bn.running_mean": torch.ones(2)}, scalars={"n/a": 4})
+    params = DeaParams(rho=rho, select=select)
+    host = DeaClient(Replies(reply), None, params).fit(ClientContext(0, 0, {}, seed=1), Message.from_tensors(sent))
+    with simulated_cuda() as sim:
+        payload = _on_gpu(Message.from_tensors(sent))
+        device = DeaClient(Replies(_on_gpu(reply)), None, params).fit(ClientContext(0, 0, {}, seed=1), payload)
+        assert device.on_device() and sim.to_host == 0 and sim.host_reads == 1, (sim.to_host, sim.host_reads)
+        server = DeaServer(tiny_host(), None, params)
+        server.host.sent = {0: payload.tensors()}
+        restored = server.restore_reply(0, device).tensors()
+        assert all(sim.on_device(v) for v in restored.values()) and sim.host_reads == 2
+    assert encode(device) == encode(host)
+    expected = DeaServer(tiny_host(), None, params)
+    expected.host.sent = {0: sent}
+    for key, value in expected.restore_reply(0, host).tensors().items():
+        assert torch.equal(restored[key], value), key
+
+
+def test_dea_on_a_device_refuses_inconsistent_sparse_arrays():
+    sent = {"backbone.w": torch.zeros(2, 3)}
+    bad = {"sparse/backbone.w/mask": torch.ones(2, 3, dtype=torch.bool), "sparse/backbone.w/values": torch.ones(4)}
+    out_of_range = {"sparse/backbone.w/index": torch.tensor([6], dtype=torch.int32),
+                    "sparse/backbone.w/values": torch.ones(1)}
+    with simulated_cuda():
+        for arrays in (bad, out_of_range):
+            on_gpu = {k: v.to("cuda") for k, v in arrays.items()}
+            with pytest.raises(ValueError, match="inconsistent"):
+                densify(on_gpu, {k: v.to("cuda") for k, v in sent.items()})
 
 
 # --- PCGrad ----------------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ class Message:
         """This message with every array on `device` (itself where they all are there)."""
         if device.type == "cpu":
             return self.on_host()
-        if all(isinstance(a, Tensor) and a.device == device for a in self.arrays.values()):
+        if all(isinstance(a, Tensor) and _is_on(a, device) for a in self.arrays.values()):
             return self
         return Message({n: _as_tensor(a).to(device) for n, a in self.arrays.items()}, self.scalars)
 
@@ -106,6 +106,12 @@ class Message:
         cls, tensors: Mapping[str, Tensor], prefix: str = "", scalars: Mapping[str, Scalar] | None = None
     ) -> Message:
         return cls({prefix + n: t for n, t in tensors.items()}, dict(scalars or {}))
+
+
+def _is_on(tensor: Tensor, device: torch.device) -> bool:
+    """Whether `tensor` lies on `device` ("cuda" meaning the current GPU, as `.to` takes it)."""
+    index = torch.cuda.current_device() if device.index is None and device.type == "cuda" else device.index
+    return tensor.device.type == device.type and tensor.device.index == index
 
 
 def _as_tensor(array: Array) -> Tensor:

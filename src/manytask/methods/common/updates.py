@@ -135,6 +135,18 @@ def encode_sparse(name: str, dense: Tensor | np.ndarray) -> dict[str, Tensor]:
     return {key: torch.from_numpy(value) for key, value in arrays.items()}
 
 
+def encode_sparse_on_device(name: str, dense: Tensor, count: int) -> dict[str, Tensor]:
+    """`encode_sparse` of a tensor on its device, whose nonzero entries (`count`, read by the caller) are known: the
+    same arrays, left on the device, with no read back."""
+    flat = dense.reshape(-1)
+    positions = torch.nonzero_static(flat, size=count).reshape(-1)
+    prefix = f"{SPARSE_PREFIX}{name}/"
+    values = flat.index_select(0, positions)
+    if _bitmap_is_cheaper(flat.numel(), count):
+        return {prefix + MASK: dense != 0, prefix + VALUES: values}
+    return {prefix + INDEX: positions.to(torch.int32), prefix + VALUES: values}
+
+
 def _host(value: Tensor | np.ndarray) -> np.ndarray:
     return value.detach().cpu().numpy() if isinstance(value, Tensor) else value
 
@@ -168,14 +180,57 @@ def decode_sparse(arrays: Mapping[str, Tensor], name: str, shape: torch.Size) ->
     return torch.from_numpy(dense.reshape(tuple(shape)))
 
 
+def _decode_sparse_on_device(arrays: Mapping[str, Tensor], name: str, shape: torch.Size) -> tuple[Tensor, Tensor]:
+    """`decode_sparse` of arrays on a device, there: (the dense tensor, whether the arrays were consistent), with the
+    same checks; those on values (a mask's count, the indices' range) stay a tensor, so nothing is read back."""
+    prefix = f"{SPARSE_PREFIX}{name}/"
+    values = arrays[prefix + VALUES]
+    if values.dim() != 1:
+        raise ValueError(f"sparse '{name}': values of shape {tuple(values.shape)}, expected one dimension")
+    size = math.prod(shape)
+    if prefix + MASK in arrays:
+        mask = arrays[prefix + MASK]
+        if tuple(mask.shape) != tuple(shape) or mask.dtype != torch.bool:
+            raise ValueError(f"sparse '{name}': mask of {mask.dtype} {tuple(mask.shape)}, expected bool {tuple(shape)}")
+        positions = torch.nonzero_static(mask.reshape(-1), size=len(values)).reshape(-1)
+        consistent = mask.sum() == len(values)
+    else:
+        index = arrays[prefix + INDEX]
+        if index.dim() != 1 or index.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"sparse '{name}': index of {index.dtype} {tuple(index.shape)}, expected 1-D integers")
+        if len(index) != len(values):
+            raise ValueError(f"sparse '{name}': {len(values)} values for {len(index)} positions")
+        positions = index.long()
+        consistent = ((positions >= 0) & (positions < size)).all()
+    positions = positions.clamp(0, max(size - 1, 0))  # an inconsistent reply is refused, never indexed out of range
+    dense = torch.zeros(size, dtype=values.dtype, device=values.device).index_put_((positions,), values)
+    return dense.reshape(tuple(shape)), consistent
+
+
 def densify(arrays: Mapping[str, Tensor], sent: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """A reply's arrays with every sparsely sent delta replaced by reference + delta (dense arrays unchanged),
-    computed on the host."""
+    computed on the host, or on the device where the reply lies (its consistency checks then read back once)."""
     names = sparse_names(arrays)
     dense = {k: v for k, v in arrays.items() if not k.startswith(SPARSE_PREFIX)}
+    if names and not arrays[f"{SPARSE_PREFIX}{names[0]}/{VALUES}"].is_cpu:
+        return {**dense, **_densify_on_device(arrays, sent, names)}
     restored = {}
     for name in names:
         reference = _host(sent[reference_key(name)])
         change = decode_sparse(arrays, name, torch.Size(reference.shape)).numpy()
         restored[name] = torch.from_numpy((reference + change).astype(reference.dtype, copy=False))
     return {**dense, **restored}
+
+
+def _densify_on_device(arrays: Mapping[str, Tensor], sent: Mapping[str, Tensor], names: list[str]
+                       ) -> dict[str, Tensor]:
+    restored, checks = {}, []
+    for name in names:
+        reference = sent[reference_key(name)]
+        change, consistent = _decode_sparse_on_device(arrays, name, reference.shape)
+        restored[name] = (reference.to(change.device) + change).to(reference.dtype)
+        checks.append(consistent)
+    if not bool(torch.stack(checks).all()):  # one read per reply
+        raise ValueError("sparse arrays inconsistent: a mask's count differs from its values', or an index is out "
+                         "of range")
+    return restored

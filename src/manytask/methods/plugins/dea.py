@@ -30,7 +30,14 @@ from torch import Tensor
 
 from manytask.messages import Message
 from manytask.methods.base import ClientContext
-from manytask.methods.common.updates import Update, copy_groups, delta, densify, encode_sparse
+from manytask.methods.common.updates import (
+    Update,
+    copy_groups,
+    delta,
+    densify,
+    encode_sparse,
+    encode_sparse_on_device,
+)
 from manytask.methods.hosts.server import Rule
 from manytask.methods.plugins.base import PluginClient, PluginServer
 from manytask.methods.registry import PluginDef, register_plugin
@@ -68,12 +75,15 @@ def dea(
     """Decoupling and recalibration of one flat update (FedDEA, eqs. 3-5): keep k = ⌊ρ·d⌋ entries, zero the rest,
     multiply by 1/ρ. `largest` keeps the largest |Δ| (ties: the lower index, as a stable sort orders them);
     `smallest` and `random` (k entries drawn with `generator`) are the paper's ablations. ρ = 1 returns `update`
-    itself. Computed on the host (a reply's arrays lie there): a partition, O(d), in place of a sort."""
+    itself. On the host a partition, O(d), in place of a sort (numpy: no kernel launches); on a device a stable sort
+    there (no read back)."""
     if not 0 < rho <= 1:
         raise ValueError(f"the selection ratio ρ must lie in (0, 1]; got {rho}")
     if rho == 1:
         return update
-    flat = update.detach().cpu().numpy()
+    if not update.is_cpu:
+        return _dea_on_device(update.detach(), rho, select, rescale, generator)
+    flat = update.detach().numpy()
     k = kept_count(rho, flat.size)
     if select == "random":
         if generator is None:
@@ -85,6 +95,21 @@ def dea(
     out = np.zeros_like(flat)
     out[kept] = flat[kept] / rho if rescale else flat[kept]
     return torch.from_numpy(out)
+
+
+def _dea_on_device(flat: Tensor, rho: float, select: Select, rescale: bool, generator: torch.Generator | None
+                   ) -> Tensor:
+    """`dea` of a flat update on its device: the same entries kept (a stable sort's first k; a random draw from the
+    CPU generator, moved once)."""
+    k = kept_count(rho, flat.numel())
+    if select == "random":
+        if generator is None:
+            raise ValueError("a random DEA mask needs a seeded generator")
+        chosen = torch.randperm(flat.numel(), generator=generator)[:k].to(flat.device)
+    else:
+        chosen = torch.sort(flat.abs(), descending=select == "largest", stable=True).indices[:k]
+    kept = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device).index_fill_(0, chosen, True)
+    return torch.where(kept, flat / rho if rescale else flat, torch.zeros((), dtype=flat.dtype, device=flat.device))
 
 
 def first_of_stable_sort(magnitude: np.ndarray, k: int, largest: bool) -> np.ndarray:
@@ -108,11 +133,13 @@ def first_of_stable_sort(magnitude: np.ndarray, k: int, largest: bool) -> np.nda
 
 class DeaClient(PluginClient[DeaParams]):
     """Uploads each trained copy's parameter deltas after DEA, sparsely; buffers and entries that were not sent
-    travel as the host sent them. DEA works on the reply's arrays on the host (numpy): no kernel launches, whatever
-    the round's clients; a reply made on a device is copied there first."""
+    travel as the host sent them. DEA works where the reply's arrays lie: on the host in numpy (no kernel launches,
+    whatever the round's clients), on a device there (the same upload, one read back per reply)."""
 
     def transform_reply(self, ctx: ClientContext, payload: Message, reply: Message) -> Message:
-        sent, arrays = payload.on_host().tensors(), reply.on_host().tensors()
+        if reply.on_device():
+            return self._transform_on_device(ctx, payload, reply)
+        sent, arrays = payload.on_host().tensors(), reply.tensors()
         changed: dict[str, np.ndarray] = {}
         inflations = []
         for name, keys in copy_groups(arrays).items():
@@ -125,6 +152,44 @@ class DeaClient(PluginClient[DeaParams]):
             upload.update(encode_sparse(key, change))
         scalars = dict(reply.scalars)
         if self.params.rho < 1 and inflations:  # at ρ = 1 DEA is the host, bytes included
+            scalars[INFLATION] = sum(inflations) / len(inflations)
+        return Message.from_tensors(upload, scalars=scalars)
+
+    def _transform_on_device(self, ctx: ClientContext, payload: Message, reply: Message) -> Message:
+        """`transform_reply` of a reply made on a device, there: the same upload (the same arrays, bytes and
+        inflation), read back once (the norms, which arrays changed and their nonzero counts) instead of crossing."""
+        sent, arrays = payload.tensors(), reply.tensors()
+        copies = []
+        for name, keys in copy_groups(arrays).items():
+            deltas = delta(sent, {k: arrays[k] for k in keys})
+            if not deltas:
+                continue
+            flat = torch.cat([d.reshape(-1) for d in deltas.values()])
+            out = dea(flat, self.params.rho, self.params.select, self.params.rescale,
+                      torch_generator(ctx.seed, "dea", name or ""))
+            pieces = dict(zip(deltas, torch.split(out, [d.numel() for d in deltas.values()]), strict=True))
+            copies.append((deltas, pieces, flat, out))
+        if not copies:
+            return reply
+        reads = torch.stack([t for deltas, pieces, flat, out in copies for t in (
+            _squares(flat), _squares(out),
+            *((pieces[k] != d.reshape(-1)).any().double() for k, d in deltas.items()),
+            *((pieces[k] != 0).sum().double() for k in deltas))]).tolist()  # the one read
+        changed: dict[str, dict[str, Tensor]] = {}
+        inflations = []
+        for deltas, pieces, _, _ in copies:
+            before, after, *flags = reads[: 2 + 2 * len(deltas)]
+            reads = reads[2 + 2 * len(deltas):]
+            inflations.append(math.sqrt(after) / math.sqrt(before) if before > 0 else 1.0)
+            for (key, old), moved, count in zip(deltas.items(), flags[: len(deltas)], flags[len(deltas):],
+                                                strict=True):
+                if moved:
+                    changed[key] = encode_sparse_on_device(key, pieces[key].reshape(old.shape), int(count))
+        upload = {k: v for k, v in arrays.items() if k not in changed}
+        for arrays_of_key in changed.values():
+            upload.update(arrays_of_key)
+        scalars = dict(reply.scalars)
+        if self.params.rho < 1:
             scalars[INFLATION] = sum(inflations) / len(inflations)
         return Message.from_tensors(upload, scalars=scalars)
 
@@ -143,9 +208,16 @@ class DeaClient(PluginClient[DeaParams]):
                 if not np.array_equal(new, old.reshape(-1))}, inflation
 
 
+def _squares(values: Tensor) -> Tensor:
+    wide = values.double()
+    return torch.dot(wide, wide)
+
+
 class DeaServer(PluginServer[DeaParams]):
     """Restores each sparse reply to reference + Δ̃ against what its client was sent; the host aggregates, or eq. 6
     does (`rule: paper`). Logs the round's mean norm inflation c."""
+
+    device_ready = True
 
     def restore_reply(self, client: int, reply: Message) -> Message:
         return Message.from_tensors(densify(reply.tensors(), self.host.sent[client]), scalars=reply.scalars)
