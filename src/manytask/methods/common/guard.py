@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from manytask.methods.common import aggregation
-from manytask.methods.common.updates import copy_groups, is_parameter, reference_key
+from manytask.methods.common.updates import copy_groups, is_parameter, reference_key, squared_norm
 
 MIN_REPLIES = 3
 
@@ -53,15 +53,10 @@ def _device_norms(replies: Mapping[int, Mapping[str, Tensor]], pairs: Mapping[in
     float64 (a 5e24 update measures 5e24), the largest copy's read once for the whole round, its root taken on
     the host."""
     zero = torch.zeros((), dtype=torch.float64, device=device)
-    squares = [torch.stack([torch.stack([_squared(trained[k].to(device) - reference.to(device))
+    squares = [torch.stack([torch.stack([squared_norm(trained[k].to(device) - reference.to(device))
                                          for k, reference in copy]).sum() for copy in pairs[client] if copy]).max()
                if any(pairs[client]) else zero for client, trained in replies.items()]
     return {c: math.sqrt(v) for c, v in zip(replies, torch.stack(squares).tolist(), strict=True)} if squares else {}
-
-
-def _squared(difference: Tensor) -> Tensor:
-    wide = difference.reshape(-1).double()
-    return torch.dot(wide, wide)
 
 
 def squared_distance(array: Tensor, reference: Tensor) -> float:

@@ -76,6 +76,12 @@ def _difference(value: Tensor, reference: Tensor) -> Tensor:
     return value - reference.to(value.device)
 
 
+def squared_norm(values: Tensor) -> Tensor:
+    """‖values‖₂² in float64, as a tensor where `values` lies (read back by the caller, once for many)."""
+    wide = values.reshape(-1).double()
+    return torch.dot(wide, wide)
+
+
 def delta_norm(deltas: Mapping[str, Tensor]) -> float:
     """‖Δ‖ = sqrt(Σ_k ‖Δ_k‖²) over all the keys of an update, in float64, the keys' terms added on the host in key
     order (an update on a device is read back once)."""
@@ -157,23 +163,31 @@ def sparse_names(arrays: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def decode_sparse(arrays: Mapping[str, Tensor], name: str, shape: torch.Size) -> Tensor:
-    """Inverse of `encode_sparse`: the dense tensor of `shape` (zeros where nothing was sent), built on the host."""
+def _sparse_parts(arrays: Mapping[str, Tensor], name: str, shape: torch.Size
+                  ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """(values, mask or None, index or None) of a sparsely sent array, their shapes and dtypes checked (metadata
+    only: nothing is read)."""
     prefix = f"{SPARSE_PREFIX}{name}/"
-    values = _host(arrays[prefix + VALUES])
-    if values.ndim != 1:
+    values = arrays[prefix + VALUES]
+    if values.dim() != 1:
         raise ValueError(f"sparse '{name}': values of shape {tuple(values.shape)}, expected one dimension")
-    dense = np.zeros(math.prod(shape), dtype=values.dtype)
     if prefix + MASK in arrays:
         mask = arrays[prefix + MASK]
         if tuple(mask.shape) != tuple(shape) or mask.dtype != torch.bool:
             raise ValueError(f"sparse '{name}': mask of {mask.dtype} {tuple(mask.shape)}, expected bool {tuple(shape)}")
-        positions = np.flatnonzero(_host(mask))
-    else:
-        index = arrays[prefix + INDEX]
-        if index.dim() != 1 or index.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"sparse '{name}': index of {index.dtype} {tuple(index.shape)}, expected 1-D integers")
-        positions = _host(index).astype(np.int64)
+        return values, mask, None
+    index = arrays[prefix + INDEX]
+    if index.dim() != 1 or index.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"sparse '{name}': index of {index.dtype} {tuple(index.shape)}, expected 1-D integers")
+    return values, None, index
+
+
+def decode_sparse(arrays: Mapping[str, Tensor], name: str, shape: torch.Size) -> Tensor:
+    """Inverse of `encode_sparse`: the dense tensor of `shape` (zeros where nothing was sent), built on the host."""
+    sent_values, mask, index = _sparse_parts(arrays, name, shape)
+    values = _host(sent_values)
+    dense = np.zeros(math.prod(shape), dtype=values.dtype)
+    positions = np.flatnonzero(_host(mask)) if mask is not None else _host(index).astype(np.int64)
     if len(positions) != len(values) or (len(positions) and (positions.min() < 0 or positions.max() >= len(dense))):
         raise ValueError(f"sparse '{name}': {len(values)} values for {len(positions)} positions, or out of range")
     dense[positions] = values
@@ -183,21 +197,13 @@ def decode_sparse(arrays: Mapping[str, Tensor], name: str, shape: torch.Size) ->
 def _decode_sparse_on_device(arrays: Mapping[str, Tensor], name: str, shape: torch.Size) -> tuple[Tensor, Tensor]:
     """`decode_sparse` of arrays on a device, there: (the dense tensor, whether the arrays were consistent), with the
     same checks; those on values (a mask's count, the indices' range) stay a tensor, so nothing is read back."""
-    prefix = f"{SPARSE_PREFIX}{name}/"
-    values = arrays[prefix + VALUES]
-    if values.dim() != 1:
-        raise ValueError(f"sparse '{name}': values of shape {tuple(values.shape)}, expected one dimension")
+    values, mask, index = _sparse_parts(arrays, name, shape)
     size = math.prod(shape)
-    if prefix + MASK in arrays:
-        mask = arrays[prefix + MASK]
-        if tuple(mask.shape) != tuple(shape) or mask.dtype != torch.bool:
-            raise ValueError(f"sparse '{name}': mask of {mask.dtype} {tuple(mask.shape)}, expected bool {tuple(shape)}")
+    if mask is not None:
         positions = torch.nonzero_static(mask.reshape(-1), size=len(values)).reshape(-1)
         consistent = mask.sum() == len(values)
     else:
-        index = arrays[prefix + INDEX]
-        if index.dim() != 1 or index.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"sparse '{name}': index of {index.dtype} {tuple(index.shape)}, expected 1-D integers")
+        assert index is not None
         if len(index) != len(values):
             raise ValueError(f"sparse '{name}': {len(values)} values for {len(index)} positions")
         positions = index.long()

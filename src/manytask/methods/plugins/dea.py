@@ -37,6 +37,7 @@ from manytask.methods.common.updates import (
     densify,
     encode_sparse,
     encode_sparse_on_device,
+    squared_norm,
 )
 from manytask.methods.hosts.server import Rule
 from manytask.methods.plugins.base import PluginClient, PluginServer
@@ -172,7 +173,7 @@ class DeaClient(PluginClient[DeaParams]):
         if not copies:
             return reply
         reads = torch.stack([t for deltas, pieces, flat, out in copies for t in (
-            _squares(flat), _squares(out),
+            squared_norm(flat), squared_norm(out),
             *((pieces[k] != d.reshape(-1)).any().double() for k, d in deltas.items()),
             *((pieces[k] != 0).sum().double() for k in deltas))]).tolist()  # the one read
         changed: dict[str, dict[str, Tensor]] = {}
@@ -206,11 +207,6 @@ class DeaClient(PluginClient[DeaParams]):
         pieces = np.split(out, np.cumsum([d.size for d in deltas.values()])[:-1])
         return {key: new.reshape(old.shape) for (key, old), new in zip(deltas.items(), pieces, strict=True)
                 if not np.array_equal(new, old.reshape(-1))}, inflation
-
-
-def _squares(values: Tensor) -> Tensor:
-    wide = values.double()
-    return torch.dot(wide, wide)
 
 
 class DeaServer(PluginServer[DeaParams]):
