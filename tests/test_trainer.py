@@ -270,8 +270,9 @@ def test_bf16_precision_runs_the_forward_pass_in_bfloat16_and_keeps_the_weights_
 
 def test_bf16_training_stays_near_float32_in_both_executors(tmp_path):
     """The same 3 rounds (CNN with BatchNorm, clipping) in float32 and under bf16 autocast, one after another and
-    batched: bf16 moves the numbers (so autocast is on in both paths), the test losses by at most 0.02 here
-    (0.0006 to 0.015 measured)."""
+    batched: bf16 moves the numbers (so autocast is on in both paths), the test losses (0.15 to 0.65 here) by at most
+    0.05: 0.0006 to 0.015 measured on the project's Intel Xeon VM, up to 0.030 on its AMD EPYC one, whose bfloat16
+    kernels round differently. A broken autocast moves them by a whole loss."""
     from manytask.config import validate
     from manytask.launch import run_config
     from tests.conftest import small_config_dict
@@ -286,4 +287,4 @@ def test_bf16_training_stays_near_float32_in_both_executors(tmp_path):
     for execution in ("sequential", "auto"):
         full, half = losses["fp32", execution], losses["bf16", execution]
         assert full != half
-        assert all(abs(half[t] - full[t]) <= 0.02 for t in full), (full, half)
+        assert all(abs(half[t] - full[t]) <= 0.05 for t in full), (full, half)
