@@ -13,12 +13,13 @@ thread, so the check also catches a thread that reached N first. PYTHONDONTWRITE
 shifting the counts when a source file changes.
 
 Both kinds of run are covered: a single FedAvg run and a FedAvg-vs-Local comparison (3 rounds each, 4 clients,
-`threads: 1`). Every kill is resumed with `manytask run --resume DIR`; a directory without config.yaml, which
-`--resume` refuses, is started again with `manytask run CONFIG --out DIR`. The resumed run must have the uninterrupted
-metric rows (less the clock's `wall_seconds`, `client_seconds` and `energy_joules`) and the same summaries (less
-their clock fields and the provenance of the process that finished them). In full mode, a few resumes are
-themselves killed (at unlink, the metrics rewrite, the first append and the first checkpoint rename) and resumed
-again.
+`threads: 1`, checkpoints written by the round loop's thread: strace's N counts per thread, and a writer thread
+would race the loop's to it; tests/test_checkpoint_writer.py crashes a background write from the code). Every kill
+is resumed with `manytask run --resume DIR`; a directory without config.yaml, which `--resume` refuses, is started
+again with `manytask run CONFIG --out DIR`. The resumed run must have the uninterrupted metric rows (less the
+clock's `wall_seconds`, `client_seconds` and `energy_joules`) and the same summaries (less their clock fields and
+the provenance of the process that finished them). In full mode, a few resumes are themselves killed (at unlink, the
+metrics rewrite, the first append and the first checkpoint rename) and resumed again.
 
 Prints a table and "N kills, M resumed to the uninterrupted numbers"; exits 1 when any kill missed its call or any
 resumed run differs or keeps files the uninterrupted run does not have (leftovers)."""
@@ -51,6 +52,7 @@ rounds: {rounds}
 seed: 7
 eval_every: 1
 threads: 1
+checkpoint_background: false
 """
 METHODS = {"single": ["fedavg"], "comparison": ["fedavg", "local"]}
 TRACED = ("mkdir", "openat", "write", "ftruncate", "rename", "renameat", "renameat2", "unlink", "unlinkat")

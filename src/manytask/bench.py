@@ -106,11 +106,12 @@ class EngineRounds:
 
     def __call__(self, count: int) -> None:
         self.done += count
-        self.loop.run(stop_after=self.done)
+        self.loop.run(stop_after=self.done, going_on=True)
 
     @property
     def checkpoint_s_per_round(self) -> float:
-        """Seconds a round spent writing its checkpoint, on average over the rounds run."""
+        """Seconds a round waited for checkpoints (its own copied, the last one's write finished), on average over
+        the rounds run."""
         return self.loop.checkpoint_seconds / max(self.done, 1)
 
 
@@ -128,7 +129,10 @@ def engine_runner(config: RunConfig) -> Iterator[EngineRounds]:
             loop = RoundLoop(experiment, run_dir, transport)
         else:
             loop = local_engine(experiment, run_dir)
-        yield EngineRounds(loop)
+        try:
+            yield EngineRounds(loop)
+        finally:
+            loop.wait_for_checkpoint()  # before its folder goes
 
 
 def bare_runner(clients: int, rounds: int, sgd: Sgd = torch_sgd) -> Callable[[int], None]:

@@ -132,6 +132,10 @@ class RunConfig(Params):
         default=1, ge=1, description="write the checkpoint after every k-th round (and the last): a resumed run "
         "gives the uninterrupted numbers either way, redoing at most k - 1 rounds"
     )
+    checkpoint_background: bool = Field(
+        default=True, description="write each checkpoint on a second thread while the next round trains (a crash "
+        "then may lose one round more, which the resumed run redoes to the same numbers); false: the round waits"
+    )
     power_watts: float = Field(
         15.0, gt=0, description="power of one busy client process for energy estimates (W): a laptop CPU core"
     )

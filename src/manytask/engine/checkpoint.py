@@ -57,7 +57,7 @@ LATE_WIDTH = 64  # characters of a metadata value written after the data: a SHA-
 # Config fields that say where and how fast a run's clients train, not what they compute (the config documents the
 # numbers as independent of them): a run directory whose config.yaml was edited in these alone still resumes.
 PLACEMENT_FIELDS = ("threads", "workers", "execution", "vector_clients", "memory_budget_gb", "device",
-                    "checkpoint_every")
+                    "checkpoint_every", "checkpoint_background")
 
 
 @dataclass(frozen=True)

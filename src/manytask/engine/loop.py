@@ -11,7 +11,8 @@ from typing import Any, Protocol
 import torch
 
 from manytask.devices import CPU, on_device
-from manytask.engine.checkpoint import Checkpoint, checkpoint_error, identity_of, load_checkpoint, save_checkpoint
+from manytask.engine.checkpoint import Checkpoint, checkpoint_error, identity_of, load_checkpoint
+from manytask.engine.checkpoint_writer import CheckpointWriter
 from manytask.engine.client_runner import ClientState
 from manytask.engine.heap import settled_heap
 from manytask.engine.sampling import clients_per_round, sample_clients, sample_dropouts
@@ -102,14 +103,21 @@ class RoundLoop:
         # where the server's state lies and it aggregates: in-process, the clients' device where the server can
         # aggregate there (replies then stay on it); else the host, where replies are brought
         self.server_device = server_device if self.server.supports_device else CPU
-        self.checkpoint_seconds = 0.0  # spent writing checkpoints in this process
+        self.checkpoint_seconds = 0.0  # this process's rounds spent waiting for their checkpoints
+        self._checkpoints = CheckpointWriter(experiment.config.checkpoint_background)
         self._stopped_at: tuple[int, float] | None = None  # (rounds done, wall seconds) where `run` last stopped
 
-    def run(self, stop_after: int | None = None) -> dict[str, Any] | None:
+    def run(self, stop_after: int | None = None, *, going_on: bool = False) -> dict[str, Any] | None:
         """Run (or continue) to the configured number of rounds; return the summary, or None if stopped
-        early at `stop_after` completed rounds (as a crash would)."""
-        with settled_heap():
-            return self._run(stop_after)
+        early at `stop_after` completed rounds (as a crash would). The last checkpoint is on disk when it returns,
+        but with `going_on` (the caller runs this loop on, as the bench does between timed rounds): its write then
+        overlaps the next round, as every other round's does."""
+        try:
+            with settled_heap():
+                return self._run(stop_after)
+        finally:
+            if not going_on:
+                self.wait_for_checkpoint()
 
     def _run(self, stop_after: int | None) -> dict[str, Any] | None:
         from manytask import energy  # the meter: looked up per run, so tests can patch energy.available_meter
@@ -145,6 +153,7 @@ class RoundLoop:
             if stop_after is not None and round_index + 1 >= stop_after and round_index + 1 < total:
                 self._stopped_at = round_index + 1, elapsed
                 return None
+        self.wait_for_checkpoint()  # a summary stands beside the last round's checkpoint, never before it
         summary = build_summary(self.exp, self.run_dir.read_metrics(), elapsed)
         self.run_dir.write_json(self.run_dir.summary, summary)
         return summary
@@ -238,8 +247,16 @@ class RoundLoop:
             rounds_done, self.server.state_dict(), self.transport.client_states(), {"elapsed": elapsed},
             torch.get_rng_state(), identity_of(self.exp),
         )
-        save_checkpoint(self.run_dir.checkpoint, checkpoint)
+        self._checkpoints.save(self.run_dir.checkpoint, checkpoint)  # written while the next round trains
         self.checkpoint_seconds += time.perf_counter() - began
+
+    def wait_for_checkpoint(self) -> None:
+        """Return once the last checkpoint is on disk (the time counts as the checkpoint's)."""
+        began = time.perf_counter()
+        try:
+            self._checkpoints.wait()
+        finally:
+            self.checkpoint_seconds += time.perf_counter() - began
 
     def _restore(self) -> tuple[int, float]:
         """Load the checkpoint if there is one: (rounds already done, wall seconds already spent). Metric rows
