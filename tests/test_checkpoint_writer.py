@@ -43,6 +43,34 @@ def test_the_written_checkpoint_is_the_state_when_saved_though_the_run_changes_i
     assert torch.equal(written.clients[1]["m"], torch.ones(2, 3))
 
 
+def test_copies_of_every_dtype_in_a_reused_buffer_dispatch_no_op_per_tensor(tmp_path):
+    """Successive checkpoints, larger and smaller, of every stored dtype and an empty tensor, each read back as saved
+    though they share one buffer; copying CPU tensors dispatches no aten op, so a round's kernel count (which holds
+    its checkpoint) does not grow with the clients' states."""
+    from manytask.kernels import counted
+
+    def state(seed: int, clients: int) -> Checkpoint:
+        g = torch.Generator().manual_seed(seed)
+        per_client = {c: {"w": torch.randn(3, 5, generator=g), "half": torch.randn(7, generator=g).bfloat16(),
+                          "mask": torch.rand(4, generator=g) > 0.5, "steps": torch.tensor([seed, c]),
+                          "wide": torch.randn(2, generator=g).double(), "none": torch.zeros(0, 3)}
+                      for c in range(clients)}
+        return Checkpoint(seed, {"w": torch.randn(9, generator=g)}, per_client, {}, torch.get_rng_state())
+
+    writer = CheckpointWriter()
+    for seed, clients in ((1, 6), (2, 2), (3, 9)):
+        saved = state(seed, clients)
+        counter = counted(lambda saved=saved, seed=seed: writer.save(tmp_path / f"c{seed}", saved))
+        assert counter.ops == 0, counter.by_op
+        writer.wait()
+        back = load_checkpoint(tmp_path / f"c{seed}")
+        assert back.round == seed and torch.equal(back.server["w"], saved.server["w"])
+        assert torch.equal(back.torch_rng, saved.torch_rng)
+        for c, tensors in saved.clients.items():
+            for name, value in tensors.items():
+                assert back.clients[c][name].dtype == value.dtype and torch.equal(back.clients[c][name], value)
+
+
 def test_a_failed_write_is_raised_by_the_next_save_and_by_wait(tmp_path, monkeypatch):
     def failing(path, checkpoint):
         raise OSError(28, "No space left on device")

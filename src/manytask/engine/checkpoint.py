@@ -110,7 +110,7 @@ def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
     if checkpoint.torch_rng is not None:
         tensors["rng/torch"] = checkpoint.torch_rng
     # written from where they lie: a copy only of a tensor that is not a packed CPU tensor (on a device, or strided)
-    tensors = {k: _packed(v.detach()) for k, v in tensors.items()}
+    tensors = {k: packed(v.detach()) for k, v in tensors.items()}
     meta: dict[str, Any] = {"round": checkpoint.round, "clients": sorted(checkpoint.clients),
                             "extra": checkpoint.extra}
     if checkpoint.run is not None:
@@ -171,7 +171,7 @@ def _header(tensors: dict[str, Tensor], order: list[str], metadata: dict[str, st
     return len(text).to_bytes(8, "little") + text
 
 
-def _packed(value: Tensor) -> Tensor:
+def packed(value: Tensor) -> Tensor:
     """`value` as a packed CPU tensor: itself where it is one already, else a copy."""
     return value.to("cpu").contiguous()  # each returns `value` itself where it is already so
 
@@ -285,7 +285,7 @@ def _checksum(tensors: dict[str, Tensor], meta_text: str) -> str:
     records = []
     for name in sorted(tensors):
         value = tensors[name]
-        data = _raw_bytes(_packed(value))
+        data = _raw_bytes(packed(value))
         records.append([name, str(value.dtype), list(value.shape), len(data), zlib.crc32(data)])
     return hashlib.sha256(json.dumps([records, meta_text]).encode()).hexdigest()
 
@@ -300,7 +300,7 @@ def _digest(tensors: dict[str, Tensor], meta_text: str) -> str:
         sha.update(data)
 
     for name in sorted(tensors):
-        value = _packed(tensors[name])
+        value = packed(tensors[name])
         chunk(json.dumps([name, str(value.dtype), list(value.shape)]).encode())
         chunk(_raw_bytes(value))
     chunk(meta_text.encode())

@@ -14,10 +14,14 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from manytask.engine.checkpoint import Checkpoint, save_checkpoint
+from manytask.engine.checkpoint import Checkpoint, packed, save_checkpoint
+
+Key = tuple[str, str]  # (scope: "server", a client's number or "rng"; the tensor's name)
+ALIGN = 64  # bytes: every copy starts on a cache line, at a multiple of any item size
 
 
 class CheckpointWriter:
@@ -29,6 +33,7 @@ class CheckpointWriter:
         self.background = background
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._buffer = np.empty(0, dtype=np.uint8)  # the copies of the checkpoint in flight, reused by the next
 
     def save(self, path: Path, checkpoint: Checkpoint) -> None:
         """Copy `checkpoint`'s tensors and start writing the copy to `path` (after the write in flight, if any)."""
@@ -36,7 +41,7 @@ class CheckpointWriter:
         if not self.background:
             save_checkpoint(path, checkpoint)
             return
-        copy = _detached(checkpoint)
+        copy, self._buffer = _detached(checkpoint, self._buffer)  # the last write is done: its buffer is free
         # not a daemon: an interpreter that exits after the last round still finishes the checkpoint
         self._thread = threading.Thread(target=self._write, args=(path, copy), name="manytask-checkpoint")
         self._thread.start()
@@ -57,18 +62,38 @@ class CheckpointWriter:
             self._error = error
 
 
-def _detached(checkpoint: Checkpoint) -> Checkpoint:
-    """`checkpoint` with every tensor a packed CPU copy of its own, which nothing else changes."""
+def _detached(checkpoint: Checkpoint, buffer: np.ndarray) -> tuple[Checkpoint, np.ndarray]:
+    """`checkpoint` with every tensor a packed CPU copy that nothing else changes, and the buffer holding the copies
+    (`buffer` itself where it is large enough)."""
+    named = {("server", k): v for k, v in checkpoint.server.items()}
+    named.update({(str(c), k): v for c, state in checkpoint.clients.items() for k, v in state.items()})
+    if checkpoint.torch_rng is not None:
+        named["rng", ""] = checkpoint.torch_rng
+    copies, buffer = _host_copies(named, buffer)
     return Checkpoint(
-        checkpoint.round, _copies(checkpoint.server),
-        {client: _copies(state) for client, state in checkpoint.clients.items()}, dict(checkpoint.extra),
-        None if checkpoint.torch_rng is None else _copy(checkpoint.torch_rng), checkpoint.run,
-    )
+        checkpoint.round, {k: copies["server", k] for k in checkpoint.server},
+        {c: {k: copies[str(c), k] for k in state} for c, state in checkpoint.clients.items()},
+        dict(checkpoint.extra), copies.get(("rng", "")), checkpoint.run,
+    ), buffer
 
 
-def _copies(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {name: _copy(value) for name, value in tensors.items()}
+def _host_copies(tensors: dict[Key, Tensor], buffer: np.ndarray) -> tuple[dict[Key, Tensor], np.ndarray]:
+    """Each tensor copied into one byte buffer by numpy: no aten op per tensor (a round's kernel count, which holds
+    its checkpoint, then does not grow with the clients' states), and the buffer is reused from one checkpoint to
+    the next (no fresh memory to fault in each round). A tensor on a device comes to the host as its copy (its
+    one transfer)."""
+    host = {key: packed(value.detach()) for key, value in tensors.items()}
+    offsets, end = {}, 0
+    for key, value in host.items():
+        offsets[key] = end
+        end += -(-value.numel() * value.element_size() // ALIGN) * ALIGN
+    if buffer.nbytes < end:
+        buffer = np.empty(end, dtype=np.uint8)
+    copies = {}
+    for key, value in host.items():
+        size = value.numel() * value.element_size()
+        target = buffer[offsets[key]:offsets[key] + size]
+        np.copyto(target, value.reshape(-1).view(torch.uint8).numpy())
+        copies[key] = torch.from_numpy(target).view(value.dtype).reshape(value.shape)
+    return copies, buffer
 
-
-def _copy(value: Tensor) -> Tensor:
-    return value.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
