@@ -238,7 +238,7 @@ def test_mnist_missing_and_mismatched_files(tmp_path: Path) -> None:
         load_mnist(tmp_path)
 
 
-def test_mnist_benchmark(tmp_path: Path) -> None:
+def test_mnist_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_mnist(tmp_path, gz=True)
     full = build_benchmark("mnist", {"root": str(tmp_path)}, seed=0)
     task = full.tasks["mnist"]
@@ -249,5 +249,6 @@ def test_mnist_benchmark(tmp_path: Path) -> None:
     assert small.num_train == 3 and len(small.y_test) == 1
     assert torch.equal(small.x_train, again.x_train) and torch.equal(small.y_train, again.y_train)
     assert small.y_train.tolist() == sorted(small.y_train.tolist())  # labels 0..4 in order: original order kept
-    with pytest.raises(ManytaskError, match="missing required parameter 'root'"):
+    monkeypatch.setenv("MANYTASK_CACHE", str(tmp_path / "cache"))  # no root: the cache, where nothing is yet
+    with pytest.raises(ManytaskError, match=r"MNIST file .* is missing; .*set download: true"):
         build_benchmark("mnist", {}, seed=0)

@@ -16,6 +16,9 @@ refused, so a file naming e.g. `os.system` fails before anything runs. The loade
 bytes/str keys and list/bytes/str/int values, except `data`, which may be a uint8 array or plain bytes; anything
 else is refused. Files written with pickle protocol 5 (`numpy._core.numeric._frombuffer`) or with protocol 2 from
 Python 3 (`_codecs.encode`) are therefore refused; rewrite them with protocol 3 or 4.
+
+`root` defaults to the cache `$MANYTASK_CACHE/datasets/cifar10`; with `download: true` and no complete layout there,
+the official Python-version archive is fetched, its MD5 checked and unpacked into it (see `download.py`).
 """
 
 from __future__ import annotations
@@ -165,5 +168,6 @@ def to_tensors(images: np.ndarray, labels: np.ndarray) -> tuple[Tensor, Tensor]:
 def cifar10(params: LocalFilesParams, seed: int) -> Benchmark:
     """One 10-class task from local CIFAR-10 files; `max_train` / `max_test` subsample by `seed`."""
     return single_task_benchmark(
-        "cifar10", load_cifar10, params, seed, "CIFAR-10 32x32 RGB images in [0, 1]", {"classes": list(CIFAR10_CLASSES)}
+        "cifar10", load_cifar10, params, seed, "CIFAR-10 32x32 RGB images in [0, 1]",
+        {"classes": list(CIFAR10_CLASSES)}, find=find_cifar10,
     )

@@ -4,7 +4,9 @@ dataset, shared/specs/talos_fl.md).
 Layout, under `root` itself or its subdirectory `cifar-100-python/`: `train` (50 000 images) and `test` (10 000),
 pickled dicts with `data` (uint8, n x 3072, the pixel order of CIFAR-10), `fine_labels` (100 classes) and
 `coarse_labels` (20 superclasses); an optional `meta` names them. They are read with CIFAR-10's restricted
-unpickler, so a file naming any global but numpy's array reconstruction fails before anything runs.
+unpickler, so a file naming any global but numpy's array reconstruction fails before anything runs. `root`
+defaults to the cache `$MANYTASK_CACHE/datasets/cifar100`; `download: true` fetches the official archive into it
+when the files are absent (MD5 checked, see `download.py`).
 """
 
 from __future__ import annotations
@@ -55,5 +57,5 @@ def cifar100(params: Cifar100Params, seed: int) -> Benchmark:
     fmt = FINE if params.labels == "fine" else COARSE
     return single_task_benchmark(
         "cifar100", lambda root: load_cifar100(root, fmt), params, seed, "CIFAR-100 32x32 RGB images in [0, 1]",
-        {"labels": params.labels}, num_classes=fmt.num_classes,
+        {"labels": params.labels}, num_classes=fmt.num_classes, find=find_cifar100,
     )

@@ -2,7 +2,10 @@
 
 The files have MNIST's names and format (see `mnist.py`): `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`,
 `t10k-images-idx3-ubyte` and `t10k-labels-idx1-ubyte`, plain or gzipped. `root` defaults to where the Debian
-package `dataset-fashion-mnist` installs them; any folder holding the four files works.
+package `dataset-fashion-mnist` installs them; any folder holding the four files works, and `root: null` is the
+cache `$MANYTASK_CACHE/datasets/fashion-mnist`. `download: true` fetches the four official `.gz` files into `root`
+when absent (MD5 checked, see `download.py`); with the default `root` and no Debian package, into the cache, as a
+system folder is not writable.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from pydantic import Field
 from torch import Tensor
 
 from manytask.benchmarks.base import Benchmark
+from manytask.benchmarks.download import cache_root
 from manytask.benchmarks.local_files import LocalFilesParams, single_task_benchmark
-from manytask.benchmarks.mnist import load_idx_dataset
+from manytask.benchmarks.mnist import find_idx_files, load_idx_dataset
 from manytask.benchmarks.registry import register_benchmark
 
 TITLE = "Fashion-MNIST"
@@ -23,7 +27,14 @@ CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shi
 
 
 class FashionMnistParams(LocalFilesParams):
-    root: str = Field(DEFAULT_ROOT, description="folder of the four IDX files (plain or .gz)")
+    root: str | None = Field(DEFAULT_ROOT, description="folder of the four IDX files (plain or .gz); null: the cache")
+
+    def folder(self, name: str) -> Path:
+        """`root`; but the cache when asked to download into the default folder and the Debian package that would
+        have filled it is not installed, since that system folder is not writable."""
+        if self.download and self.root == DEFAULT_ROOT and not Path(DEFAULT_ROOT).is_dir():
+            return cache_root(name)
+        return super().folder(name)
 
 
 def load_fashion_mnist(root: Path) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -38,4 +49,4 @@ def fashion_mnist(params: FashionMnistParams, seed: int) -> Benchmark:
     """One 10-class task from local Fashion-MNIST IDX files; `max_train` / `max_test` subsample by `seed`."""
     description = f"Fashion-MNIST 28x28 grayscale clothing images in [0, 1]: {', '.join(CLASSES)}"
     return single_task_benchmark("fashion-mnist", load_fashion_mnist, params, seed, description,
-                                 {"classes": list(CLASSES)})
+                                 {"classes": list(CLASSES)}, find=lambda root: find_idx_files(root, TITLE))

@@ -1,5 +1,6 @@
-"""The shared shape of a one-task benchmark read from local files (CIFAR-10, MNIST): a root directory and
-optional, seeded subsampling of the train and test sets."""
+"""The shared shape of a one-task benchmark read from local files (CIFAR-10, MNIST): a root directory (by default
+the download cache), the official files fetched into it on request (`download: true`), and optional, seeded
+subsampling of the train and test sets."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pydantic import Field
 from torch import Tensor
 
 from manytask.benchmarks.base import Benchmark
+from manytask.benchmarks.download import DATASETS, cache_root, fetch
+from manytask.errors import ManytaskError
 from manytask.registry import Params
 from manytask.seeding import numpy_rng
 from manytask.tasks.task import classification_task
@@ -20,9 +23,26 @@ Arrays = tuple[Tensor, Tensor, Tensor, Tensor]
 
 
 class LocalFilesParams(Params):
-    root: str
+    root: str | None = Field(None, description="folder of the files; default: $MANYTASK_CACHE/datasets/<benchmark>")
+    download: bool = Field(False, description="fetch the official files into root when absent (checksums checked)")
     max_train: int | None = Field(None, ge=1)
     max_test: int | None = Field(None, ge=1)
+
+    def folder(self, name: str) -> Path:
+        """The folder benchmark `name` reads: `root`, or its download cache when `root` is not given."""
+        return Path(self.root).expanduser() if self.root is not None else cache_root(name)
+
+
+def ensure_files(name: str, root: Path, download: bool, find: Callable[[Path], object]) -> None:
+    """Fetch benchmark `name`'s official files into `root` when `find` misses them and `download` is set; without
+    `download`, `find`'s one-sentence error, which then also says how to have them fetched."""
+    try:
+        find(root)
+    except ManytaskError as err:
+        if not download:
+            raise ManytaskError(f"{str(err).removesuffix('.')}; set download: true to fetch them into {root}.") \
+                from None
+        fetch(DATASETS[name], root)
 
 
 def take_subset(x: Tensor, y: Tensor, limit: int | None, rng: np.random.Generator) -> tuple[Tensor, Tensor]:
@@ -35,10 +55,12 @@ def take_subset(x: Tensor, y: Tensor, limit: int | None, rng: np.random.Generato
 
 def single_task_benchmark(
     name: str, load: Callable[[Path], Arrays], params: LocalFilesParams, seed: int, description: str,
-    metadata: dict | None = None, num_classes: int = 10,
+    metadata: dict | None = None, num_classes: int = 10, *, find: Callable[[Path], object],
 ) -> Benchmark:
-    """One `num_classes`-class task `name` from the files under `params.root`, subsampled by `seed`."""
-    root = Path(params.root).expanduser()
+    """One `num_classes`-class task `name` from the files under `params.folder(name)` (which `find` locates, or
+    raises a one-sentence error), downloaded first where asked; subsampled by `seed`."""
+    root = params.folder(name)
+    ensure_files(name, root, params.download, find)
     x_train, y_train, x_test, y_test = load(root)
     x_train, y_train = take_subset(x_train, y_train, params.max_train, numpy_rng(seed, name, "train"))
     x_test, y_test = take_subset(x_test, y_test, params.max_test, numpy_rng(seed, name, "test"))

@@ -4,7 +4,9 @@ any dataset in MNIST's format (`load_idx_dataset(root, title)`; Fashion-MNIST us
 Expected in `root`: `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`, `t10k-images-idx3-ubyte` and
 `t10k-labels-idx1-ubyte`, each possibly with a `.gz` suffix (as downloaded). An IDX file is a big-endian header
 (magic `0x00000801` for a 1-D uint8 label vector or `0x00000803` for a 3-D uint8 image array, then one uint32 per
-dimension) followed by the values.
+dimension) followed by the values. `root` defaults to the cache `$MANYTASK_CACHE/datasets/mnist`; `download: true`
+fetches the four official `.gz` files into it when absent, trying MNIST's mirrors in turn (MD5 checked, see
+`download.py`).
 """
 
 from __future__ import annotations
@@ -99,4 +101,6 @@ def _load_split(image_path: Path, label_path: Path, title: str = "MNIST") -> tup
 @register_benchmark("mnist", LocalFilesParams, "MNIST (10 classes, 28x28 gray) from the official IDX files")
 def mnist(params: LocalFilesParams, seed: int) -> Benchmark:
     """One 10-class task from local MNIST IDX files; `max_train` / `max_test` subsample by `seed`."""
-    return single_task_benchmark("mnist", load_mnist, params, seed, "MNIST 28x28 grayscale digits in [0, 1]")
+    return single_task_benchmark(
+        "mnist", load_mnist, params, seed, "MNIST 28x28 grayscale digits in [0, 1]", find=find_mnist
+    )
