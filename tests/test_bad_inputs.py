@@ -140,7 +140,7 @@ CASES = [
     case("method=fedsgd", "unknown method 'fedsgd'; valid choices: centralized", "unknown-method"),
     case("benchmark=cifar", "unknown benchmark 'cifar'; valid choices: cifar10, cifar100, digits-tasks",
          "unknown-benchmark"),
-    case("model.backbone=nosuch", "unknown backbone 'nosuch'; valid choices: cnn, mlp", "unknown-backbone"),
+    case("model.backbone=nosuch", "unknown backbone 'nosuch'; valid choices: char-lstm, cnn, mlp", "unknown-backbone"),
     case("benchmark.tasks=[digit, nosuch]", "unknown digits task 'nosuch'; valid choices: digit", "unknown-task"),
     case("train.optimizer=lion", "config key 'train.optimizer' is invalid: input should be 'sgd' or 'adamw'",
          "unknown-optimizer"),

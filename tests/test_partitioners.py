@@ -242,13 +242,14 @@ def test_all_allocation() -> None:
 
 def test_registries_and_params() -> None:
     assert TASK_ALLOCATIONS.names() == ["all", "dirichlet", "groups", "one-per-client"]
-    assert SAMPLE_PARTITIONERS.names() == ["dirichlet", "iid", "label-skew", "natural", "shards"]
+    assert SAMPLE_PARTITIONERS.names() == ["dirichlet", "flwr", "iid", "label-skew", "natural", "shards"]
     assert FEDERATION_CHOICES == {"tasks": TASK_ALLOCATIONS, "samples": SAMPLE_PARTITIONERS}
     assert SAMPLE_PARTITIONERS.parse_params("dirichlet", {}).zeta == 0.5
     with pytest.raises(ManytaskError, match="zeta"):
         SAMPLE_PARTITIONERS.parse_params("dirichlet", {"zeta": 0})
-    with pytest.raises(ManytaskError, match="unknown parameter 'alpha'"):
-        SAMPLE_PARTITIONERS.parse_params("dirichlet", {"alpha": 1})
+    assert SAMPLE_PARTITIONERS.parse_params("dirichlet", {"alpha": 2.0}).zeta == 2.0  # the field's name for it
+    with pytest.raises(ManytaskError, match="alpha"):
+        SAMPLE_PARTITIONERS.parse_params("dirichlet", {"alpha": 1, "zeta": 1})
     with pytest.raises(ManytaskError, match="min_share"):
         TASK_ALLOCATIONS.parse_params("dirichlet", {"min_share": 1.5})
 

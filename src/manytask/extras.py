@@ -10,7 +10,7 @@ from manytask.errors import ManytaskError
 
 # the extra that installs each optional top-level module
 EXTRA_OF = {"optuna": "tune", "flwr": "flower", "transformers": "vision", "PIL": "vision", "tensorboard": "tensorboard",
-            "mlflow": "mlflow", "datasets": "hf", "opacus": "dp"}
+            "mlflow": "mlflow", "datasets": "hf", "flwr_datasets": "hf", "opacus": "dp"}
 
 
 def missing_extra(feature: str, module: str) -> ManytaskError:

@@ -15,6 +15,7 @@ from manytask.benchmarks import (  # noqa: F401  (imported to register them)
     rotated_masked,
     scene_objects,
     scenes,
+    shakespeare,
     synthetic,
 )
 from manytask.benchmarks.base import Benchmark

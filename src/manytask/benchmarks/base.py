@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -90,3 +90,15 @@ class Benchmark:
             arrays[task] = (*materialize(train, f"task '{task}', train split", input_key, label),
                             *materialize(test, f"task '{task}', test split", input_key, label))
         return cls.from_tensors(name, arrays, description)
+
+
+def record_natural_groups(tasks: Iterable[Task], ids: Sequence[Any]) -> list[Any]:
+    """Store each training sample's natural client (a writer, a speaker: `ids`, one per row) as every task's
+    `sample_groups`, the numbers 0..G−1 in the sorted order of the distinct ids, which is what
+    `samples: {kind: natural}` splits by (holder k gets the k-th id); returns the distinct ids in that order."""
+    distinct, groups = np.unique(np.asarray(ids), return_inverse=True)
+    for task in tasks:
+        if task.num_train != len(groups):
+            raise ValueError(f"task '{task.name}' has {task.num_train} training samples but {len(groups)} group ids")
+        task.metadata["sample_groups"] = groups.astype(np.int64)
+    return distinct.tolist()

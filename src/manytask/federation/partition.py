@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from manytask.errors import ManytaskError
 from manytask.registry import Params, Registry
@@ -148,15 +148,26 @@ SAMPLE_PARTITIONERS: Registry[SamplePartitioner] = Registry("sample partitioner"
 
 
 class DirichletParams(Params):
-    zeta: float = Field(0.5, gt=0)
+    zeta: float = Field(0.5, gt=0, description="the Dirichlet concentration; alpha (Flower's name) is a synonym")
     min_size: int = Field(1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _alpha_is_zeta(cls, values: Any) -> Any:
+        """Read `alpha`, the concentration's name in Flower Datasets and most papers, as `zeta`."""
+        if not isinstance(values, dict) or "alpha" not in values:
+            return values
+        if "zeta" in values:
+            raise ValueError("give the concentration as zeta or as its synonym alpha, not both")
+        return {("zeta" if key == "alpha" else key): value for key, value in values.items()}
 
 
 class ShardParams(Params):
     classes_per_client: int = Field(2, ge=1)
 
 
-def _labels_of(samples: TaskSamples, kind: str) -> np.ndarray:
+def labels_of(samples: TaskSamples, kind: str) -> np.ndarray:
+    """The task's class labels, which partitioner `kind` needs: none on a regression task is one sentence."""
     if samples.labels is None:
         raise ManytaskError(
             f"sample partitioner '{kind}' needs class labels, but task '{samples.task}' is a regression task."
@@ -171,7 +182,7 @@ def _iid(samples: TaskSamples, params: Params, rng: np.random.Generator) -> list
 
 @SAMPLE_PARTITIONERS.register("dirichlet", DirichletParams, "label skew: class proportions ~ Dirichlet(zeta)")
 def _dirichlet(samples: TaskSamples, params: DirichletParams, rng: np.random.Generator) -> list[np.ndarray]:
-    labels = _labels_of(samples, "dirichlet")
+    labels = labels_of(samples, "dirichlet")
     return dirichlet_label_partition(labels, samples.shares, params.zeta, rng, params.min_size)
 
 
@@ -187,7 +198,7 @@ def _label_skew(samples: TaskSamples, params: DirichletParams, rng: np.random.Ge
 
 @SAMPLE_PARTITIONERS.register("shards", ShardParams, "label shards: ≤ classes_per_client classes per holder")
 def _shards(samples: TaskSamples, params: ShardParams, rng: np.random.Generator) -> list[np.ndarray]:
-    labels = _labels_of(samples, "shards")
+    labels = labels_of(samples, "shards")
     return label_shard_partition(labels, len(samples.shares), params.classes_per_client, rng)
 
 

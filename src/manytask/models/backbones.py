@@ -10,6 +10,7 @@ import itertools
 import math
 from typing import Literal
 
+import torch
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -128,3 +129,52 @@ def _as_image_shape(input_shape: tuple[int, ...]) -> tuple[int, ...]:
     if len(input_shape) in (1, 2):
         return (1, *input_shape)
     raise ValueError(f"the cnn backbone takes inputs of 1 to 3 dimensions, got shape {input_shape}")
+
+
+class CharLSTMParams(Params):
+    vocab: int = Field(default=80, ge=1, description="token ids 0..vocab-1 (LEAF's Shakespeare: 80 characters)")
+    embedding: int = Field(default=8, ge=1, description="embedding width (LEAF: 8)")
+    hidden: int = Field(default=64, ge=1, description="LSTM width, the feature size (LEAF: 256)")
+    layers: int = Field(default=2, ge=1, description="stacked LSTM layers (LEAF: 2)")
+
+
+class LSTMLayer(nn.Module):
+    """One LSTM layer written with linear layers and a loop over the steps (nn.LSTM's equations, gates i, f, g, o):
+    `torch.func.vmap` has no batching rule for nn.LSTM's fused kernel, and the batched executor vmaps a round's
+    clients."""
+
+    def __init__(self, width_in: int, hidden: int) -> None:
+        super().__init__()
+        self.input = nn.Linear(width_in, 4 * hidden)
+        self.recurrent = nn.Linear(hidden, 4 * hidden, bias=False)
+        self.hidden = hidden
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(N, L, width_in) -> every step's output, (N, L, hidden)."""
+        steps = self.input(x).unbind(1)  # the input's share of every gate, all steps at once
+        h = torch.zeros_like(steps[0][..., : self.hidden])
+        c, outputs = h, []
+        for step in steps:
+            i, f, g, o = (step + self.recurrent(h)).chunk(4, dim=-1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outputs.append(h)
+        return torch.stack(outputs, dim=1)
+
+
+@BACKBONES.register("char-lstm", CharLSTMParams, "embedding + stacked LSTM over token-id sequences (LEAF Shakespeare)")
+class CharLSTM(nn.Module):
+    """LEAF's next-character model without its output layer: token ids (N, L) are embedded and run through a stacked
+    LSTM; the features are the last step's output, which a task's head maps to the next token."""
+
+    def __init__(self, input_shape: tuple[int, ...], params: CharLSTMParams) -> None:
+        super().__init__()
+        if len(input_shape) != 1:
+            raise ValueError(f"the char-lstm backbone takes sequences of token ids, shape (L,), got {input_shape}")
+        self.embed = nn.Embedding(params.vocab, params.embedding)
+        widths = [params.embedding, *[params.hidden] * params.layers]
+        self.layers = nn.Sequential(*(LSTMLayer(a, b) for a, b in itertools.pairwise(widths)))
+        self.out_features = params.hidden
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layers(self.embed(x.long()))[:, -1]
