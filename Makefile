@@ -5,7 +5,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test test-all lint clean
 
 setup: $(VENV)/.installed
 
@@ -18,7 +18,11 @@ $(VENV)/.installed: pyproject.toml
 run: setup  ## the default job (or: make run ARGS="configs/x.yaml rounds=5")
 	$(BIN)/manytask run $(ARGS)
 
-test: setup  ## lint + the whole test suite (slow end-to-end tests included), over up to 4 processes
+test: setup  ## lint + every test but the slow end-to-end ones, over up to 4 processes
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/python -m pytest --numprocesses auto --maxprocesses 4 --dist worksteal -m "not slow"
+
+test-all: setup  ## lint + the whole test suite, slow end-to-end tests included (what CI runs)
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/python -m pytest --numprocesses auto --maxprocesses 4 --dist worksteal
 

@@ -59,6 +59,7 @@ TRACED = ("mkdir", "openat", "write", "ftruncate", "rename", "renameat", "rename
 ROW_CLOCK = ("wall_seconds", "client_seconds", "energy_joules")
 # and the provenance, which names the process that finished the run (a resumed run's command line is --resume)
 SUMMARY_CLOCK = ("wall_seconds", "client_compute_seconds", "energy_joules", "provenance")
+COMPARISON_CLOCK = ("warmup_seconds",)  # the process's warm-up before its first member (a resumed one warms up too)
 KILLED_PHASES = re.compile(r"^(create|(\w+ )?round [12]|(\w+ )?summary|comparison summary)$")
 # --quick: (kind, phase, syscall, path) of six kills, renames and writes, in both kinds of run; each kills the first
 # call that matches it (a checkpoint is written in several calls: the first leaves a torn temporary).
@@ -329,7 +330,8 @@ def numbers(root: Path, members: list[str]) -> dict[str, Any]:
     if members != [""]:
         combined = load(root / "summary.json")
         if combined is not None:
-            combined = {**combined, "runs": {k: without(v, SUMMARY_CLOCK) for k, v in combined["runs"].items()}}
+            combined = {**without(combined, COMPARISON_CLOCK),
+                        "runs": {k: without(v, SUMMARY_CLOCK) for k, v in combined["runs"].items()}}
         found["comparison"] = combined
     return found
 

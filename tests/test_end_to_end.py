@@ -89,10 +89,10 @@ def test_default_job_is_the_matu_table(tmp_path):
     """The built-in default: MaTU, FedAvg, MaT-FL and Individual; every task learned; MaTU's masks travel as bits,
     so its upload per task is well below FedAvg's one-adapter-per-task upload."""
     summaries = run_config(resolve(None, []), tmp_path / "default")
-    assert list(summaries) == ["matu", "fedavg", "matfl", "individual"]
+    assert list(summaries) == ["matu", "fedavg-per-task", "matfl", "individual"]
     assert summaries["individual"]["normalized_average"] == pytest.approx(1.0)
     for label, summary in summaries.items():
         for task, metrics in summary["tasks"].items():
             assert metrics["accuracy"] > summary["chance"][task] + 0.2, (label, task, metrics)
-    assert summaries["matu"]["bits_per_task_per_round"] < 0.5 * summaries["fedavg"]["bits_per_task_per_round"]
+    assert summaries["matu"]["bits_per_task_per_round"] < 0.5 * summaries["fedavg-per-task"]["bits_per_task_per_round"]
     assert "pretrained" in summaries["matu"]["pretraining"]

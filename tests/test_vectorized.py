@@ -130,17 +130,25 @@ def test_batched_encoder_decoder_rounds_give_the_sequential_numbers(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_methods_that_cannot_vectorize_run_sequentially_with_one_notice(tmp_path, capsys):
+def test_methods_that_cannot_vectorize_run_sequentially_with_one_notice_under_auto(tmp_path, capsys):
     config = {**RUN, "method": ["gradnorm", {"name": "fedavg", "label": "fedavg-linear", "linearize": True}]}
     sequential = run_config(validate({**config, "execution": "sequential"}), tmp_path / "seq")
-    vectorized = run_config(validate({**config, "execution": "vectorized"}), tmp_path / "vec")
+    auto = run_config(validate({**config, "execution": "auto"}), tmp_path / "auto")
     notices = [line for line in capsys.readouterr().err.splitlines() if "one after another" in line]
     assert len(notices) == 2 and "fit of its own" in notices[0] and "wrapper" in notices[1], notices
     for label in ("gradnorm", "fedavg-linear"):
-        assert vectorized[label]["tasks"] == sequential[label]["tasks"]
+        assert auto[label]["tasks"] == sequential[label]["tasks"]
         seq = _rows(tmp_path / "seq" / label / "metrics.jsonl")
-        vec = _rows(tmp_path / "vec" / label / "metrics.jsonl")
-        assert [r["eval"] for r in vec] == [r["eval"] for r in seq]
+        bat = _rows(tmp_path / "auto" / label / "metrics.jsonl")
+        assert [r["eval"] for r in bat] == [r["eval"] for r in seq]
+
+
+def test_vectorized_refuses_to_fall_back(tmp_path):
+    """`execution: vectorized` is the promise that clients train batched: where they cannot, the run stops with one
+    sentence saying why (it fell back silently like auto before)."""
+    config = validate({**RUN, "rounds": 1, "method": {"name": "fedavg", "linearize": True}, "execution": "vectorized"})
+    with pytest.raises(ManytaskError, match=r"execution vectorized cannot batch .*wrapper.*use execution: auto"):
+        run_config(config, tmp_path / "vec")
 
 
 def test_vectorized_is_for_the_local_engine():

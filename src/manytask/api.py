@@ -4,7 +4,8 @@
     result = manytask.run("configs/fedprox_synthetic.yaml", rounds=5, train={"lr": 0.1})
     result.summaries["fedprox"]["average_accuracy"]; result.metrics("fedprox")[-1]
     again = manytask.load(result.path)                         # a finished run, from its directory
-    headers, rows = manytask.compare(result.path, "runs/other")  # the CLI's comparison table
+    rows = manytask.compare(result.path, "runs/other")  # the comparison table's numbers, a dict per run
+    frame = manytask.api.compare_frame(result.path)    # the same as a pandas DataFrame
 
 A config is a YAML path, a mapping, or a validated `RunConfig`; top-level keyword values are merged into it
 (mappings key by key, anything else replaced) and `overrides` takes the CLI's `a.b=value` strings."""
@@ -16,15 +17,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from manytask.config import RunConfig, resolve, validate
 from manytask.config_sources import apply_overrides, default_config, load_yaml
 from manytask.engine.loop import RoundObserver
 from manytask.errors import ManytaskError
-from manytask.report import comparison_rows, load_runs, write_report
+from manytask.report import load_runs, write_report
 from manytask.report.runs import METRICS, read_summary
+from manytask.report.tables import comparison_values
 from manytask.rundir import RunDir
+
+if TYPE_CHECKING:
+    import pandas
 
 
 @dataclass(frozen=True)
@@ -93,13 +98,23 @@ def load(run_dir: str | Path) -> RunResult:
     return RunResult(root.path, config, summaries, report, members)
 
 
-def compare(*run_dirs: str | Path | RunResult) -> tuple[list[str], list[list[str]]]:
-    """The comparison table of finished runs (comparison directories expand into their members): headers and
-    one row of formatted cells per run, as `manytask compare` prints them with every column."""
+def compare(*run_dirs: str | Path | RunResult) -> list[dict[str, Any]]:
+    """The comparison table of finished runs (comparison directories expand into their members), every column of
+    `manytask compare` as numbers: one mapping per run from column header to value (`run`: its label; accuracies as
+    fractions, bytes, seconds, joules; None where missing)."""
     if not run_dirs:
         raise ManytaskError("compare needs at least one run directory.")
     paths = [r.path if isinstance(r, RunResult) else Path(r) for r in run_dirs]
-    return comparison_rows(load_runs(paths))
+    return comparison_values(load_runs(paths))
+
+
+def compare_frame(*run_dirs: str | Path | RunResult) -> pandas.DataFrame:
+    """`compare`'s rows as a pandas DataFrame, one row per run (needs pandas)."""
+    try:
+        import pandas
+    except ModuleNotFoundError:
+        raise ManytaskError("compare_frame needs pandas, which is not installed: pip install pandas.") from None
+    return pandas.DataFrame(compare(*run_dirs))
 
 
 def _resolve(config: str | Path | Mapping[str, Any] | RunConfig | None, overrides: list[str],
@@ -111,7 +126,7 @@ def _resolve(config: str | Path | Mapping[str, Any] | RunConfig | None, override
     elif isinstance(config, Mapping):
         data = dict(config)
     elif config is None:
-        data = default_config()
+        data = default_config(overrides)
     elif isinstance(config, (str, Path)):
         data = resolve(str(config), []).model_dump(mode="json")  # its imports anchored at the file
     else:

@@ -123,7 +123,7 @@ def engine_runner(config: RunConfig) -> Iterator[EngineRounds]:
     experiment = Experiment.build(config)
     with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
         run_dir = RunDir(Path(folder))
-        run_dir.start("", experiment.federation.to_json())
+        run_dir.start("", experiment.federation_record())
         if config.workers > 1:
             transport = stack.enter_context(ProcessPoolTransport(experiment, config.workers))
             loop = RoundLoop(experiment, run_dir, transport)

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar, get_args
 
 import typer
 from rich.console import Console
@@ -22,6 +22,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False, hel
 out_console = Console() if sys.stdout.isatty() else Console(width=200)
 err_console = Console(stderr=True)
 R = TypeVar("R")
+TableFormat = Literal["md", "csv", "latex", "json"]  # manytask compare --format
 
 
 TERMINAL_TASK_COLUMNS = 12  # beyond this (one task per client, say) the terminal table shows averages only
@@ -59,28 +60,35 @@ def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
 def run(
     args: Annotated[list[str] | None, typer.Argument(help="[CONFIG.yaml] [key=value ...]")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="run directory (default: runs/NAME-TIME)")] = None,
-    resume: Annotated[Path | None, typer.Option("--resume", help="continue the stopped run in DIR")] = None,
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", help="continue the stopped run in DIR (placement keys only may follow: device=cpu, workers=2)")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
+    sweep: Annotated[list[str] | None, typer.Option(
+        "--sweep", help="KEY=V1,V2: run every member once per value (repeatable: the grid of every --sweep)")] = None,
 ) -> None:
     """Run a config (the built-in default many-task comparison when none is given)."""
     from manytask.config import resolve
     from manytask.engine.loop import RoundFailed
     from manytask.launch import resume as resume_run
     from manytask.launch import run_config, stopped_runs
-    from manytask.progress import RichObserver, SignalAfterRound
+    from manytask.progress import RichObserver, SignalAfterRound, run_header
     from manytask.report import write_report
 
     def body() -> None:
         if resume is not None:
-            if args:
-                raise ManytaskError("--resume takes the run directory only; its config.yaml is reused as it is.")
-            target = resume
-            start = lambda observer: resume_run(resume, observer)  # noqa: E731
+            config_path, placement = _split_args(args or [])
+            if config_path or sweep:
+                raise ManytaskError("--resume takes the run directory and placement keys (device=cpu) only; its "
+                                    "config.yaml is reused as it is.")
+            target, header = resume, None
+            start = lambda observer: resume_run(resume, observer, placement=placement)  # noqa: E731
         else:
             config_path, overrides = _split_args(args or [])
-            config = resolve(config_path, overrides)
+            config = resolve(config_path, overrides, sweep)
             target = out or Path("runs") / f"{config.name}-{datetime.now():%Y%m%d-%H%M%S}"
             start = lambda observer: run_config(config, target, observer)  # noqa: E731
+            header = run_header(config)
         interrupt = os.environ.get(SIGINT_AFTER_ROUND)
 
         def observed(observer: RichObserver | None) -> None:
@@ -90,7 +98,7 @@ def run(
             if quiet:
                 observed(None)
             else:
-                with RichObserver(err_console) as observer:
+                with RichObserver(err_console, header) as observer:
                     observed(observer)
         except RoundFailed as err:  # other errors (a refused checkpoint, say) leave the directory as it is
             stopped = stopped_runs(target)
@@ -273,9 +281,46 @@ def compare(
         str | None,
         typer.Option("--base", help="a run directory, or the label of a compared run: add each run's Δ% against it"),
     ] = None,
+    table_format: Annotated[TableFormat | None, typer.Option(
+        "--format", help="the comparison table with every column as Markdown, CSV (numbers), LaTeX or JSON "
+        "(numbers) instead of the terminal's tables")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", help="write the table to FILE (--format, else the format its suffix names: .md .csv .tex "
+        ".json)")] = None,
 ) -> None:
     """One table across runs (comparison directories expand into their members)."""
-    _guarded(lambda: _print_comparison(run_dirs, base))
+    from manytask.report import load_runs
+    from manytask.report.tables import comparison_text
+
+    def body() -> None:
+        chosen = table_format or (None if output is None else _format_of(output))
+        if chosen is None:
+            _print_comparison(run_dirs, base)
+            return
+        if base is not None:
+            raise ManytaskError("--base adds Δ% tables to the terminal's view only; leave it out with --format.")
+        text = comparison_text(load_runs(run_dirs), chosen)
+        if output is None:
+            typer.echo(text, nl=False)
+            return
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as err:
+            raise ManytaskError(f"cannot write the table to '{output}': {err.strerror or err}.") from None
+        out_console.print(f"table: {output}", highlight=False)
+
+    _guarded(body)
+
+
+FORMAT_OF_SUFFIX: dict[str, TableFormat] = {".md": "md", ".csv": "csv", ".tex": "latex", ".json": "json"}
+
+
+def _format_of(output: Path) -> TableFormat:
+    """The table format an --output file's suffix names."""
+    if output.suffix not in FORMAT_OF_SUFFIX:
+        raise ManytaskError(f"cannot tell the table format of '{output}' from its suffix; give --format "
+                            f"({', '.join(get_args(TableFormat))}).")
+    return FORMAT_OF_SUFFIX[output.suffix]
 
 
 @app.command("cross-eval")

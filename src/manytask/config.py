@@ -3,21 +3,32 @@ into a `RunConfig`.
 
 Named components (method, benchmark, model backbone) are written either as a bare name or as a mapping with a
 `name` (for the model: `backbone`) plus that component's parameters, which its registry validates later.
-`method` may also be a list: the run then compares several methods, one sub-directory each.
+`method` may also be a list: the run then compares several methods, one sub-directory each; `sweep` runs every method
+once per point of a grid of other keys' values.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from manytask.client.trainer import TrainConfig
-from manytask.config_sources import apply_overrides, default_config, load_yaml
+from manytask.config_sources import (
+    apply_overrides,
+    apply_sweeps,
+    default_config,
+    load_yaml,
+    set_key,
+    shown_value,
+    sweep_hint,
+)
 from manytask.devices import DEVICE_PATTERN
 from manytask.engine.adversaries import AdversaryConfig
 from manytask.errors import ManytaskError, clipped
@@ -31,6 +42,7 @@ from manytask.method_entry import (
     named,
     split_plugin,
     with_plugin,
+    with_point,
 )
 from manytask.registry import Params
 from manytask.user_code import anchored, import_all
@@ -39,12 +51,17 @@ MAX_CLIENTS = 1_000_000  # the client table alone would take gigabytes beyond th
 MAX_WIDTH = 65_536  # one layer's width (features or channels); wider layers do not fit in memory next to others
 WIDTH_KEYS = ("hidden", "channels", "width", "hidden_size", "intermediate_size", "embed_dim")
 MAX_THREADS = 1024
+UNSWEPT = ("seed", "seeds", "sweep")  # keys a sweep may not vary: seeds have `seeds`
 
 
 class FederationConfig(Params):
     num_clients: int = Field(default=10, ge=1, le=MAX_CLIENTS)
     tasks: dict[str, Any] = Field(default_factory=lambda: {"kind": "one-per-client"})
     samples: dict[str, Any] = Field(default_factory=lambda: {"kind": "iid"})
+    same_samples: bool | None = Field(
+        default=None, description="every task a client holds on the same samples (the first task's partition for "
+        "all, on tasks that label the same inputs and are held by the same clients); none: where the method needs "
+        "it (lookahead affinities: mas, tag)")
 
 
 class FlowerConfig(Params):
@@ -98,6 +115,10 @@ class RunConfig(Params):
     seed: int = Field(default=0, ge=0, description="a non-negative integer")
     seeds: list[Annotated[int, Field(ge=0)]] | None = Field(
         default=None, description="run every member once per seed (replaces 'seed'); reports show mean ± std"
+    )
+    sweep: dict[str, list[Any]] | None = Field(
+        default=None, description="run every member once per point of this grid, the product of the lists in order "
+        "({train.lr: [0.01, 0.1]}), labelled with the point's values (fedavg lr=0.01)"
     )
     engine: Literal["local", "flower-sim", "flower"] = "local"
     flower: FlowerConfig = FlowerConfig()
@@ -154,6 +175,7 @@ class RunConfig(Params):
     tuned: dict[str, Any] | None = Field(
         default=None, description="written by manytask tune: its budget, each member's space and best values"
     )
+    _point: str = PrivateAttr(default="")  # the values of the sweep point this config is (`lr=0.01 zeta=0.1`)
 
     @field_validator("device")
     @classmethod
@@ -199,10 +221,53 @@ class RunConfig(Params):
             raise ValueError("a seed appears twice")
         return value
 
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, value: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
+        if value is not None and not value:
+            raise ValueError("the sweep is empty (leave 'sweep' out to run every member once)")
+        for key, values in (value or {}).items():
+            if key.split(".")[0] in UNSWEPT:
+                raise ValueError(f"'{clipped(key)}' cannot be swept; list seeds in 'seeds'")
+            if not values:
+                raise ValueError(f"'{clipped(key)}' has no values to sweep")
+        return value
+
     @property
     def is_comparison(self) -> bool:
-        """Several members (a method list, methods crossed with plug-ins, or seeds), one sub-directory each."""
-        return isinstance(self.method, list) or self.plugins is not None or self.seeds is not None
+        """Several members (a method list, methods crossed with plug-ins, seeds, or a sweep), one sub-directory
+        each."""
+        return (isinstance(self.method, list) or self.plugins is not None or self.seeds is not None
+                or self.sweep is not None)
+
+    @property
+    def point(self) -> str:
+        """The values of the sweep point this config is one member of (`lr=0.01 zeta=0.1`); '' outside a sweep."""
+        return self._point
+
+    def points(self) -> list[RunConfig]:
+        """One config per point of `sweep` (the product of its lists, in order), each validated: this config with
+        the point's values set, no `sweep`, and its member entries (`methods`) labelled with the values
+        (`fedavg lr=0.01`); or this config alone."""
+        if self.sweep is None:
+            return [self]
+        base = self.model_dump(mode="json", exclude={"sweep"})
+        keys = list(self.sweep)
+        names = short_names(keys)
+        return [self._at_point(base, list(zip(keys, names, values, strict=True)))
+                for values in itertools.product(*self.sweep.values())]
+
+    @staticmethod
+    def _at_point(base: dict[str, Any], settings: list[tuple[str, str, Any]]) -> RunConfig:
+        """`base` with each (key, short name, value) of `settings` set, its member entries labelled with them."""
+        data = copy.deepcopy(base)
+        for key, _, value in settings:
+            set_key(data, key, value, f"sweep key '{clipped(key)}'")
+        point = " ".join(f"{name}={shown_value(value)}" for _, name, value in settings)
+        entries = [with_point(entry, point) for entry in validate(data).methods]
+        config = validate({**data, "method": entries, "plugins": None})
+        config._point = point
+        return config
 
     def per_seed(self) -> list[RunConfig]:
         """One config per seed of `seeds` (each with that `seed` and no `seeds`), or this config alone."""
@@ -233,7 +298,14 @@ class RunConfig(Params):
         """The single-method config of one member of a comparison, with the method's own `train` overrides (papers
         tune the learning rate per method) applied to the run's train settings."""
         entry = {k: v for k, v in method.items() if k != TRAIN_OVERRIDES}
-        return self.model_copy(update={"method": entry, "train": method_train(self.train, method), "plugins": None})
+        return self.model_copy(update={"method": entry, "train": method_train(self.train, method), "plugins": None,
+                                       "sweep": None})
+
+
+def short_names(keys: list[str]) -> list[str]:
+    """Each key's last part (`lr` for train.lr) to label sweep points with, or the whole key where two end alike."""
+    last = [key.rsplit(".", 1)[-1] for key in keys]
+    return [part if last.count(part) == 1 else key for part, key in zip(last, keys, strict=True)]
 
 
 def validate(data: dict[str, Any]) -> RunConfig:
@@ -297,7 +369,7 @@ def describe_config_error(err: ValidationError) -> str:
     if not key:  # a check across keys: its message says where
         return f"the config is invalid: {message}."
     given = clipped(repr(first.get("input")))
-    return f"config key '{key}' is invalid: {message[0].lower() + message[1:]} (got {given})."
+    return f"config key '{key}' is invalid: {message[0].lower() + message[1:]} (got {given}){sweep_hint(first, key)}."
 
 
 def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None:
@@ -310,12 +382,13 @@ def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None
     return model
 
 
-def resolve(config_path: str | None, overrides: list[str]) -> RunConfig:
-    """The validated config from an optional YAML file (else the built-in default) plus overrides."""
-    base = load_yaml(config_path) if config_path else default_config()
+def resolve(config_path: str | None, overrides: list[str], sweeps: list[str] | None = None) -> RunConfig:
+    """The validated config from an optional YAML file (else the built-in default) plus overrides and `--sweep`
+    grids (`train.lr=0.01,0.1`)."""
+    base = load_yaml(config_path) if config_path else default_config(overrides)
     if config_path and "imports" in base:  # a file's imports are relative to the file, an override's to the cwd
         base["imports"] = anchored(base["imports"], Path(config_path).resolve().parent)
-    return validate(apply_overrides(base, overrides))
+    return validate(apply_sweeps(apply_overrides(base, overrides), sweeps or []))
 
 
 def to_yaml(config: RunConfig) -> str:

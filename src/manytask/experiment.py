@@ -5,19 +5,21 @@ Everything an engine needs is here; engines only decide where the programs run."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from manytask.benchmarks import Benchmark, build_benchmark
-from manytask.benchmarks.exported import FEDERATION_KEY
+from manytask.benchmarks.exported import FEDERATION_KEY, FINGERPRINTS_KEY
 from manytask.client.trainer import TaskData
 from manytask.config import RunConfig
 from manytask.engine.adversaries import attacking_clients
 from manytask.engine.sampling import clients_per_round
 from manytask.errors import ManytaskError
 from manytask.federation import Federation, build_federation
+from manytask.federation.fingerprint import client_fingerprint, data_fingerprint
 from manytask.method_entry import method_label, split_method, split_plugin
 from manytask.methods import METHODS, PLUGINS, ClientProgram, MethodDef, ServerProgram, Setup
 from manytask.methods.registry import PluginDef
@@ -56,7 +58,7 @@ class Experiment:
             benchmark = make_benchmark(config)
         benchmark = benchmark.with_losses(config.train.losses)
         pretrained = model.pretrained_weights(benchmark, config.seed)
-        federation = make_federation(config, benchmark, pooled=method.pooled)
+        federation = make_federation(config, benchmark, method)
         if config.workers > 1 and config.engine != "local":
             raise ManytaskError(f"workers={config.workers} spreads clients over processes of the local engine; "
                                 f"engine '{config.engine}' places clients itself, so set workers: 1.")
@@ -87,6 +89,24 @@ class Experiment:
         attack = self.config.adversaries
         return frozenset() if attack is None else attacking_clients(attack, self.federation.num_clients,
                                                                     self.config.seed)
+
+    @cached_property
+    def data_fingerprint(self) -> str:
+        """Every client's training data and every test set, as one digest (`federation/fingerprint.py`)."""
+        return data_fingerprint(self.benchmark.tasks, self.federation)
+
+    def client_fingerprint(self, client: int) -> str:
+        """One client's training data as a digest: what the node that trains it must hold (the export's record,
+        where the data live on the nodes)."""
+        recorded = self.benchmark.metadata.get(FINGERPRINTS_KEY)
+        if recorded is not None and self.benchmark.metadata.get("export_client") is None:
+            return recorded[client]
+        return client_fingerprint(self.client_data(client))
+
+    def federation_record(self) -> dict[str, Any]:
+        """What a run directory's federation.json holds: client -> task -> sample indices, and the data's
+        fingerprint."""
+        return {**self.federation.to_json(), "data_fingerprint": self.data_fingerprint}
 
     @property
     def total_rounds(self) -> int:
@@ -130,23 +150,36 @@ def make_benchmark(config: RunConfig) -> Benchmark:
     return build_benchmark(config.benchmark["name"], params, config.seed)
 
 
-def make_federation(config: RunConfig, benchmark: Benchmark, pooled: bool) -> Federation:
+def make_federation(config: RunConfig, benchmark: Benchmark, method: MethodDef) -> Federation:
     fed = config.federation
     exported = benchmark.metadata.get(FEDERATION_KEY)
     if exported is not None:  # node-local data: the federation the partitions were exported with
         if config.engine != "flower":
             raise ManytaskError(f"exported partitions live on their SuperNodes, so they run on engine: flower (a "
                                 f"deployment), not engine: {config.engine}; run the original config there.")
-        if pooled:
+        if method.pooled:
             raise ManytaskError("a pooled reference (centralized) needs every client's data in one place; exported "
                                 "partitions keep each on its node.")
         if exported.num_clients != fed.num_clients:
             raise ManytaskError(f"the export holds {exported.num_clients} clients, but federation.num_clients is "
                                 f"{fed.num_clients}.")
         return exported
-    if pooled:
+    if method.pooled:
         return Federation.pooled({n: t.num_train for n, t in benchmark.tasks.items()})
-    return build_federation(benchmark, fed.num_clients, fed.tasks, fed.samples, config.seed)
+    return build_federation(benchmark, fed.num_clients, fed.tasks, fed.samples, config.seed,
+                            same_samples=same_samples(config, method))
+
+
+def same_samples(config: RunConfig, method: MethodDef) -> bool:
+    """Whether a client's tasks get the same samples: as the config says, else where the method needs it."""
+    chosen = config.federation.same_samples
+    if chosen is None:
+        return method.same_batch
+    if method.same_batch and not chosen:
+        raise ManytaskError(f"method '{split_method(config.method)[0]}' measures lookahead affinities on all of a "
+                            "client's tasks at once, on the same inputs; leave federation.same_samples out or set it "
+                            "true.")
+    return chosen
 
 
 class ModelConfig:

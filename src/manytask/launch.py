@@ -10,15 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from manytask.benchmarks import Benchmark
 from manytask.config import RunConfig, to_yaml, validate
-from manytask.config_sources import load_yaml
+from manytask.config_sources import apply_overrides, load_yaml
+from manytask.devices import resolve_device
+from manytask.engine.checkpoint import PLACEMENT_FIELDS
 from manytask.engine.local import local_engine
 from manytask.engine.loop import RoundFailed, RoundObserver
-from manytask.errors import ManytaskError
+from manytask.engine.warmup import warm_up
+from manytask.errors import ManytaskError, clipped
 from manytask.experiment import Experiment, make_benchmark
 from manytask.extras import require
 from manytask.input_limits import shown_path
-from manytask.method_entry import method_label
+from manytask.method_entry import method_label, swept_label
 from manytask.report import write_report
 from manytask.rundir import RunDir
 from manytask.summary import normalize
@@ -30,19 +34,41 @@ Summaries = dict[str, dict[str, Any]]
 
 def plan(config: RunConfig) -> list[Experiment]:
     """Build every member experiment (validating all of them) without touching the disk: each method entry, once
-    per seed when the config has `seeds` (seed by seed, so every method's first seed finishes early)."""
+    per point of the sweep, once per seed when the config has `seeds` (seed by seed, so every method's first seed
+    finishes early)."""
     if config.engine in FLOWER_ENGINES:
         require("flwr", f"engine {config.engine}")
+    else:
+        resolve_device(config.device)  # a GPU that is not there: one sentence before any file, not after
     check_loggers(config.loggers)
-    labels = [method_label(m) for m in config.methods]
-    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    members = [(point, entry) for seeded in config.per_seed() for point in seeded.points() for entry in point.methods]
+    labels = [(method_label(entry), point.seed) for point, entry in members]
+    duplicates = sorted({label for label, seed in labels if labels.count((label, seed)) > 1})
     if duplicates:
         raise ManytaskError(f"method label '{duplicates[0]}' appears twice; give each entry a distinct 'label'.")
-    experiments = []
-    for seeded in config.per_seed():
-        benchmark = make_benchmark(seeded)  # a benchmark's splits are drawn from the seed too
-        experiments += [Experiment.build(seeded.for_method(m), benchmark) for m in seeded.methods]
+    benchmarks: dict[str, Benchmark] = {}
+    experiments = [Experiment.build(point.for_method(entry), _benchmark(point, benchmarks)) for point, entry in members]
+    _check_programs(experiments)
     return experiments
+
+
+def _check_programs(experiments: list[Experiment]) -> None:
+    """Build each member's server program once (a member's seeds share its settings): a method's own checks (a
+    model without the layers it needs, phases that do not fit the rounds) refuse before any file is written."""
+    checked: set[tuple[str, str]] = set()
+    for exp in experiments:
+        if (exp.label, exp.config.point) not in checked:
+            checked.add((exp.label, exp.config.point))
+            exp.server_program()
+
+
+def _benchmark(config: RunConfig, built: dict[str, Benchmark]) -> Benchmark:
+    """The config's benchmark, built once for every member naming the same one with the same seed (a benchmark's
+    splits are drawn from the seed too; a sweep may vary the benchmark's own keys)."""
+    key = json.dumps([config.benchmark, config.seed], sort_keys=True)
+    if key not in built:
+        built[key] = make_benchmark(config)
+    return built[key]
 
 
 SEED_MARK = "@seed"
@@ -64,27 +90,40 @@ def run_config(
         root.create()
         root.write_text(root.config, to_yaml(config))
     for exp in experiments:
-        member_dir(config, out, exp).start(to_yaml(exp.config), exp.federation.to_json())
+        member_dir(config, out, exp).start(to_yaml(exp.config), exp.federation_record())
     return _tracked(config, experiments, out, observer, stop_after)
 
 
-def resume(out: Path, observer: RoundObserver | None = None, stop_after: int | None = None) -> Summaries | None:
-    """Continue a stopped run from its checkpoints; finished members are kept as they are."""
+def resume(out: Path, observer: RoundObserver | None = None, stop_after: int | None = None,
+           placement: list[str] | tuple[str, ...] = ()) -> Summaries | None:
+    """Continue a stopped run from its checkpoints; finished members are kept as they are. `placement` overrides
+    (`device=cpu`, `workers=2`) move it elsewhere: they change where clients train, not the numbers."""
     root = RunDir(out)
     if not root.config.is_file():
         killed = root.path.is_dir() and not root.holds_more_than_temporaries()
         hint = (f"; it was stopped before its config was written: start it again with manytask run CONFIG --out "
                 f"{shown_path(out)}" if killed else "")
         raise ManytaskError(f"'{shown_path(out)}' is not a manytask run directory (it has no config.yaml){hint}.")
-    config = validate(load_yaml(root.config))
+    config = validate(apply_overrides(load_yaml(root.config), _placement_only(placement)))
     experiments = plan(config)
+    if placement:  # the next --resume goes on where this one runs
+        root.write_text(root.config, to_yaml(config))
     for exp in experiments:  # a comparison killed while it created its members' directories
         member = member_dir(config, out, exp)
         if not member.config.is_file():  # `start` clears a temporary left alone there; others wait for the loop
-            member.start(to_yaml(exp.config), exp.federation.to_json())
+            member.start(to_yaml(exp.config), exp.federation_record())
         elif not member.federation.is_file():
-            member.write_federation(exp.federation.to_json())
+            member.write_federation(exp.federation_record())
     return _tracked(config, experiments, out, observer, stop_after)
+
+
+def _placement_only(overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """The overrides a resumed run takes: placement keys alone (any other key would make it another run)."""
+    other = [item for item in overrides if item.partition("=")[0].split(".")[0] not in PLACEMENT_FIELDS]
+    if other:
+        raise ManytaskError(f"--resume takes only keys that say where clients train ({', '.join(PLACEMENT_FIELDS)}), "
+                            f"not '{clipped(other[0])}': the run's config.yaml is reused as it is.")
+    return list(overrides)
 
 
 def stopped_runs(out: Path) -> list[Path]:
@@ -127,6 +166,8 @@ def _execute(
     of its completed rounds (written by the loop), the others run, and the failures are raised together at the end."""
     summaries: Summaries = {}
     failures: list[str] = []
+    pending = [exp for exp in experiments if not member_dir(config, out, exp).is_finished()]
+    warmup = warm_up(pending[0]) if _warms_up(config, pending) else None
     for exp in experiments:
         name = member_name(config, exp)
         run_dir = member_dir(config, out, exp)
@@ -143,10 +184,17 @@ def _execute(
             return None
         summaries[name] = summary
     if config.is_comparison:
-        _write_comparison(config, experiments, summaries, out)
+        _write_comparison(config, experiments, summaries, out, warmup)
     if failures:
         raise RoundFailed(" ".join(failures))
     return summaries
+
+
+def _warms_up(config: RunConfig, pending: list[Experiment]) -> bool:
+    """A comparison of several members still to run in this process warms it up first, so that no member's costs
+    carry the process's first-use costs (`engine/warmup.py`); Flower's engines and worker processes start anew for
+    every member."""
+    return len(pending) > 1 and config.engine == "local" and config.workers == 1
 
 
 class NamedObserver:
@@ -182,22 +230,28 @@ def engine_for(exp: Experiment, run_dir: RunDir, observer: RoundObserver | None)
     return local_engine(exp, run_dir, observer).run
 
 
+def _is_reference(config: RunConfig, exp: Experiment) -> bool:
+    """Whether `exp` is the config's `reference` run (at its sweep point: `centralized lr=0.01`)."""
+    return config.reference is not None and exp.label == swept_label(config.reference, exp.config.point)
+
+
 def _load_summary(run_dir: RunDir) -> dict[str, Any]:
     return json.loads(run_dir.summary.read_text())
 
 
-def _write_comparison(config: RunConfig, experiments: list[Experiment], summaries: Summaries, out: Path) -> None:
-    """Normalize every member by the reference run of its seed, and write the comparison's summary.json."""
-    labels = [exp.label for exp in experiments]
-    reference = config.reference if config.reference in labels else None
-    if reference is not None:
-        references = {exp.config.seed: summaries[member_name(config, exp)] for exp in experiments
-                      if exp.label == reference}
-        for exp in experiments:
+def _write_comparison(config: RunConfig, experiments: list[Experiment], summaries: Summaries, out: Path,
+                      warmup: float | None = None) -> None:
+    """Normalize every member by the reference run of its seed and sweep point, and write the comparison's
+    summary.json (with the seconds this process spent warming up, in no member's costs)."""
+    references = {(exp.config.seed, exp.config.point): exp for exp in experiments if _is_reference(config, exp)}
+    for exp in experiments:
+        found = references.get((exp.config.seed, exp.config.point))
+        if found is not None:
             name = member_name(config, exp)
-            normalize(summaries[name], references[exp.config.seed], reference)
+            normalize(summaries[name], summaries[member_name(config, found)], found.label)
             member = member_dir(config, out, exp)
             member.write_json(member.summary, summaries[name])
+    reference = config.reference if references else None
     root = RunDir(out)
     root.write_json(root.summary, {"runs": summaries, "reference": reference, "order": list(summaries),
-                                   "seeds": config.seeds})
+                                   "seeds": config.seeds, "warmup_seconds": warmup})

@@ -40,6 +40,16 @@ def with_plugin(entry: Named, plugin: Named | None) -> Named:
     return crossed
 
 
+def with_point(entry: Named, point: str) -> Named:
+    """A method entry labelled for one point of a sweep (`swept_label`)."""
+    return {**entry, "label": swept_label(method_label(entry), point)}
+
+
+def swept_label(label: str, point: str) -> str:
+    """A member's label at a sweep point: the label, then the point's values (`fedavg lr=0.01`); as it is outside
+    a sweep (`point` '')."""
+    return f"{label} {point}" if point else label
+
 
 def method_train(train: TrainConfig, method: Named) -> TrainConfig:
     """The run's train settings updated with a method entry's `train: {...}` overrides, validated."""

@@ -9,11 +9,16 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from manytask.config import RunConfig
+from manytask.method_entry import method_label
+
 
 class RichObserver:
-    """Implements `RoundObserver`; one bar per (method) run, on stderr."""
+    """Implements `RoundObserver`; one bar per (method) run, on stderr, under an optional `header` line printed
+    when the first run starts (after the config was checked: an error stays one line)."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, header: str | None = None) -> None:
+        self.header = header
         self.progress = Progress(
             TextColumn("[bold]{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("rounds"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
@@ -29,6 +34,9 @@ class RichObserver:
         self.progress.stop()
 
     def started(self, label: str, total_rounds: int, done_rounds: int) -> None:
+        if self.header is not None:
+            self.progress.console.print(self.header, highlight=False, soft_wrap=True)
+            self.header = None
         self._bar = self.progress.add_task(label, total=total_rounds, completed=done_rounds, status="")
 
     def finished_round(self, row: dict[str, Any]) -> None:
@@ -56,3 +64,14 @@ class SignalAfterRound:
             self.inner.finished_round(row)
         if row["round"] == self.round:
             os.kill(os.getpid(), signal.SIGINT)
+
+
+def run_header(config: RunConfig) -> str:
+    """What a run is about to do, in one line: its members, benchmark, federation and the clients' effective
+    optimizer (momentum included, which other libraries leave at 0)."""
+    members = ", ".join(method_label(m) for m in config.methods)
+    tasks = config.federation.tasks.get("kind", "one-per-client")
+    samples = config.federation.samples.get("kind", "iid")
+    return (f"{config.name}: {members} on {config.benchmark['name']}; {config.federation.num_clients} clients "
+            f"(tasks {tasks}, samples {samples}), {config.rounds} rounds; clients' optimizer: "
+            f"{config.train.describe()}")

@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from manytask.config_sources import sweep_hint
 from manytask.errors import ManytaskError, clipped, unknown_choice
 
 T = TypeVar("T")
@@ -91,7 +92,8 @@ def describe_validation_error(err: ValidationError, where: str, model: type[Base
     if first["type"] == "missing":
         return f"missing required parameter '{key}' for {where}."
     given = first.get("input")
-    return f"parameter '{clipped(key)}' of {where} is invalid ({first['msg'].lower()}; got {clipped(repr(given))})."
+    return (f"parameter '{clipped(key)}' of {where} is invalid ({first['msg'].lower()}; got {clipped(repr(given))}"
+            f"{sweep_hint(first)}).")
 
 
 def describe_params(model: type[BaseModel]) -> str:

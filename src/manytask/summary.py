@@ -53,7 +53,9 @@ def build_summary(
         "rounds": config.rounds,
         "engine_rounds": experiment.total_rounds,
         "num_clients": experiment.federation.num_clients,
+        "data_fingerprint": experiment.data_fingerprint,  # every client's training data and the test sets
         "backbone": describe_backbone(experiment),
+        "optimizer": config.train.describe(),  # the clients' effective optimizer (momentum included)
         "pretraining": experiment.pretraining,
         "adapter": experiment.setup.adapter,
         "task_groups": experiment.benchmark.metadata.get("groups"),  # true latent groups, where a benchmark has them
@@ -64,6 +66,9 @@ def build_summary(
         "chance": {t: specs[t].chance for t in specs},
         "average": last_eval["average"],
         "fairness": last_eval.get("fairness"),  # across clients: mean, worst 10 %, worst 20 %, std
+        # "server": the clients' scores are the server's per-task models on the tasks each holds (clients holding
+        # the same tasks score the same); "clients": each client's own model
+        "clients_scored_by": last_eval.get("clients_scored_by"),
         "normalized_average": None,
         "reference": None,
         "bytes_up": sum(b for r in rows for b in r["bytes_up"].values()),

@@ -227,7 +227,7 @@ class Tuner:
             experiment = Experiment.build(validate(seeded.model_dump(mode="json")), self.benchmarks[repeat])
             run_dir = RunDir(self.out / TRIALS / f"{method_label(entry)}-{trial.number:04d}-{repeat}")
             shutil.rmtree(run_dir.path, ignore_errors=True)
-            run_dir.start(to_yaml(experiment.config), experiment.federation.to_json())
+            run_dir.start(to_yaml(experiment.config), experiment.federation_record())
             watcher = PruningObserver(trial, self.observer) if repeat == 0 else self.observer
             try:
                 scores.append(float(engine_for(experiment, run_dir, watcher)(None)["average"]))

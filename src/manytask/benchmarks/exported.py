@@ -31,11 +31,13 @@ from manytask.benchmarks.base import Benchmark
 from manytask.benchmarks.registry import register_benchmark
 from manytask.errors import ManytaskError
 from manytask.federation.federation import Federation
+from manytask.federation.fingerprint import client_fingerprint
 from manytask.input_limits import shown_path
 from manytask.registry import Params
 from manytask.tasks.task import Task, TaskKind, TaskSpec
 
 MANIFEST, TESTS, DATA = "manifest.json", "test.safetensors", "data.safetensors"
+FINGERPRINTS_KEY = "client_fingerprints"  # each client's training rows at export (`federation/fingerprint.py`)
 FEDERATION_KEY = "exported_federation"  # benchmark metadata: the exported client table, used as the federation
 
 
@@ -57,8 +59,21 @@ def exported(params: ExportedParams, seed: int) -> Benchmark:
     tasks = {name: _task(name, info, manifest["input_shape"], tensors) for name, info in manifest["tasks"].items()}
     sizes = manifest["sizes"]
     federation = Federation([{task: np.arange(n) for task, n in held.items()} for held in sizes])
+    recorded = manifest.get(FINGERPRINTS_KEY)
+    if manifest["client"] is not None and recorded is not None:
+        _check_rows(folder, tasks, manifest["client"], recorded[manifest["client"]])
     return Benchmark("exported", tasks, f"export {params.export}", {FEDERATION_KEY: federation,
-                                                                     "export_client": manifest["client"]})
+                                                                     "export_client": manifest["client"],
+                                                                     FINGERPRINTS_KEY: recorded})
+
+
+def _check_rows(folder: Path, tasks: dict[str, Task], client: int, recorded: str) -> None:
+    """A client's folder holds the rows it was exported with (one sentence where its file was changed since)."""
+    found = client_fingerprint({name: (t.x_train, t.y_train) for name, t in tasks.items()})
+    if found != recorded:
+        raise ManytaskError(f"data folder '{shown_path(folder)}' holds other training data than client {client} was "
+                            f"exported with (data fingerprint {found}, exported {recorded}); export the partitions "
+                            "again.")
 
 
 def read_manifest(folder: Path, export: str) -> dict[str, Any]:
@@ -100,7 +115,9 @@ def export_partitions(experiment: Any, out: Path) -> Path:
     sizes = [{t: len(idx) for t, idx in held.items()} for held in federation.clients]
     export = hashlib.sha256(json.dumps([config.model_dump(mode="json"), tasks, sizes], sort_keys=True,
                                        default=str).encode()).hexdigest()[:16]
-    base = {"export": export, "tasks": tasks, "input_shape": list(bench.input_shape), "sizes": sizes}
+    fingerprints = [client_fingerprint(experiment.client_data(c)) for c in range(federation.num_clients)]
+    base = {"export": export, "tasks": tasks, "input_shape": list(bench.input_shape), "sizes": sizes,
+            FINGERPRINTS_KEY: fingerprints}
     if out.exists() and any(out.iterdir()):
         raise ManytaskError(f"'{shown_path(out)}' is not empty; export into a new folder.")
     _write(out / "server", {**base, "client": None},

@@ -48,6 +48,23 @@ class TrainConfig(Params):
         default="fp32", description="bf16: the forward passes and losses of local steps under bfloat16 autocast "
         "(parameters, gradients, optimizer and aggregation stay float32; docs/performance.md states its tolerance)")
 
+    def describe(self) -> str:
+        """The clients' effective optimizer in one line, momentum and schedule included (`sgd lr 0.03, momentum
+        0.9, 1 local epoch of batch 32`): users of other libraries expect momentum 0 and must see where it is not."""
+        parts = [f"{self.optimizer} lr {self.lr:g}"]
+        if self.optimizer == "sgd":
+            parts.append(f"momentum {self.momentum:g}")
+        if self.weight_decay:
+            parts.append(f"weight decay {self.weight_decay:g}")
+        if self.lr_schedule != "constant":
+            parts.append(f"{self.lr_schedule} schedule")
+        work = (f"{self.local_steps} local steps" if self.local_steps is not None
+                else f"{self.local_epochs} local epoch{'s' if self.local_epochs != 1 else ''}")
+        parts.append(f"{work} of batch {self.batch_size}")
+        if self.grad_clip is not None:
+            parts.append(f"gradients clipped at {self.grad_clip:g}")
+        return ", ".join(parts)
+
     def autocast(self, device: torch.device) -> torch.autocast:
         """The local step's forward context on `device`: bfloat16 autocast under `precision: bf16`, else off."""
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")

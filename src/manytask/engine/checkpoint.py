@@ -68,10 +68,17 @@ class RunIdentity:
     method: str  # the method's registry name
     label: str  # the run's label (its sub-directory in a comparison)
     total_rounds: int
+    data: str | None = None  # `Experiment.data_fingerprint`; None in checkpoints written before data identity
 
     def to_json(self) -> dict[str, Any]:
-        return {"config_hash": self.config_hash, "method": self.method, "label": self.label,
+        data = {"config_hash": self.config_hash, "method": self.method, "label": self.label,
                 "total_rounds": self.total_rounds}
+        return data if self.data is None else {**data, "data": self.data}
+
+    def same_run(self, other: RunIdentity) -> bool:
+        """The same config, method, label and rounds (the data are compared on their own, by `_check_belongs`)."""
+        return (self.config_hash, self.method, self.label, self.total_rounds) == (
+            other.config_hash, other.method, other.label, other.total_rounds)
 
     def describe(self) -> str:
         """For an error message (the values may come from a damaged file: each is clipped)."""
@@ -100,7 +107,7 @@ def config_hash(config: RunConfig) -> str:
 
 def identity_of(experiment: Experiment) -> RunIdentity:
     return RunIdentity(config_hash(experiment.config), experiment.method_name, experiment.label,
-                       experiment.total_rounds)
+                       experiment.total_rounds, experiment.data_fingerprint)
 
 
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
@@ -262,14 +269,24 @@ def _identity(path: Path, data: Any) -> RunIdentity:
     if (not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in fields)
             or not _is_int(data.get("total_rounds"))):
         raise _corrupt(path, "its run identity is malformed")
-    return RunIdentity(data["config_hash"], data["method"], data["label"], data["total_rounds"])
+    if not isinstance(data.get("data", ""), str):
+        raise _corrupt(path, "its data fingerprint is malformed")
+    return RunIdentity(data["config_hash"], data["method"], data["label"], data["total_rounds"], data.get("data"))
 
 
 def _check_belongs(path: Path, checkpoint: Checkpoint, expected: RunIdentity) -> None:
-    if checkpoint.run is not None and checkpoint.run != expected:
+    if checkpoint.run is not None and not checkpoint.run.same_run(expected):
         raise ManytaskError(
             f"checkpoint '{shown_path(path)}' belongs to another run ({checkpoint.run.describe()}; this run is "
             f"{expected.describe()}); resume the run it came from, or delete it to restart this run from round 1."
+        )
+    if checkpoint.run is not None and None not in (checkpoint.run.data, expected.data) and (
+            checkpoint.run.data != expected.data):
+        raise ManytaskError(
+            f"checkpoint '{shown_path(path)}' was written on other data than this run now has (data fingerprint "
+            f"{_shown(checkpoint.run.data, 16)}, now {expected.data}): its benchmark gave other samples or another "
+            "partition (unseeded data, or files changed under its root); restore the data, or delete the checkpoint "
+            "to restart this run from round 1."
         )
     if checkpoint.round > expected.total_rounds:
         claimed = _shown(checkpoint.round, 12)

@@ -17,9 +17,10 @@ from manytask.client.trainer import TaskData
 from manytask.devices import CPU, on_device, resolve_device
 from manytask.engine.adversaries import Adversary
 from manytask.engine.resident import ResidentData, ResidentStates
+from manytask.errors import ManytaskError
 from manytask.execution.batched import run_batched
 from manytask.execution.budget import batches, default_budget
-from manytask.execution.plan import Unbatchable
+from manytask.execution.plan import NothingToBatch, Unbatchable
 from manytask.experiment import Experiment
 from manytask.messages import Message, Sent, as_message
 from manytask.methods.base import ClientContext, Metrics
@@ -68,6 +69,8 @@ class ClientRunner:
         """`fit` of every client in `clients`: their plans run as batched computations of at most `vector_clients`
         where the program makes plans (each client is credited an equal share of its computation's seconds), else
         one after another with a one-line notice per reason."""
+        if not clients:  # every sampled client dropped: the round loop says so in one sentence
+            return {}
         per = self.exp.config.vector_clients
         if len(clients) > per:
             return {c: result for start in range(0, len(clients), per)
@@ -86,6 +89,9 @@ class ClientRunner:
                              "batches")
             results = iter([result for group in groups for result in run_batched([plans[i] for i in group])])
         except Unbatchable as why:
+            if self.exp.config.execution == "vectorized" and not isinstance(why, NothingToBatch):
+                raise ManytaskError(f"{self.exp.label}: execution vectorized cannot batch this round's clients: {why}; "
+                                    "use execution: auto to train them one after another instead.") from None
             self._notice(str(why))
             return {c: self.fit(c, round_index, payloads[c], states[c]) for c in clients}
         # each client's results as it made its plans: one result, or a list for a list of plans (one per copy)

@@ -92,9 +92,11 @@ class RoundFailed(ManytaskError):
 class RoundLoop:
     def __init__(
         self, experiment: Experiment, run_dir: RunDir, transport: Transport, observer: RoundObserver | None = None,
-        server_device: torch.device = CPU,
+        server_device: torch.device = CPU, startup_seconds: float = 0.0,
     ) -> None:
         self.exp = experiment
+        # what the engine spent starting before this loop (Ray and a ServerApp): part of the run's wall time, once
+        self.startup_seconds = startup_seconds
         self.run_dir = run_dir
         self.transport = transport
         self.observer = observer
@@ -125,6 +127,7 @@ class RoundLoop:
         total = self.exp.total_rounds
         # a loop stopped at `stop_after` goes on from its own state; a fresh one, from the checkpoint on disk
         start, elapsed = self._stopped_at or self._restore()
+        elapsed, self.startup_seconds = elapsed + self.startup_seconds, 0.0
         self._stopped_at = None
         meter = energy.available_meter()  # None without a readable meter: the summary then estimates energy
         if self.observer:
@@ -217,6 +220,7 @@ class RoundLoop:
         """Per-task metrics (server-side, else averaged over holders), the average, and per-client scores:
         each client's mean main metric over the tasks it holds (its own model's, or the server's per task)."""
         metrics = self.server.evaluate(self.exp.test_data())
+        scored_by = "server" if metrics is not None else "clients"  # whose models the per-client scores are
         if metrics is None:
             per_client = self._evaluate_on_clients()
             metrics = _average_over_holders(per_client, self.exp.benchmark.task_names)
@@ -226,7 +230,7 @@ class RoundLoop:
         main = {t: self.exp.setup.specs[t].main_metric for t in metrics}
         clients = {str(c): average_main_metric(m, main) for c, m in sorted(per_client.items()) if m}
         return {"eval": metrics, "average": average_main_metric(metrics, main), "clients": clients,
-                "fairness": fairness(list(clients.values()))}
+                "fairness": fairness(list(clients.values())), "clients_scored_by": scored_by}
 
     def _final_evaluation(self) -> dict[str, Any]:
         """The last evaluation, keeping a few test predictions of each dense task for the report's picture grid."""

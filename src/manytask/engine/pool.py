@@ -24,22 +24,31 @@ from manytask.config import validate
 from manytask.engine.client_runner import ClientRunner, ClientState
 from manytask.engine.heap import retain_freed_memory
 from manytask.engine.loop import FitOutcome, Payloads, RoundLoop, RoundObserver
+from manytask.errors import ManytaskError
 from manytask.experiment import Experiment
 from manytask.messages import Message, Sent, as_bytes, decode, encode
 from manytask.methods.base import Metrics
 from manytask.rundir import RunDir
 
 _runner: ClientRunner | None = None  # the worker process's runner, built once by `_start_worker`
+_refusal: str | None = None  # why the worker must not train: its data differ from the main process's
 
 
-def _start_worker(config: dict[str, Any]) -> None:
-    global _runner
+def _start_worker(config: dict[str, Any], fingerprint: str) -> None:
+    global _runner, _refusal
     retain_freed_memory()  # a worker's rounds allocate like the main process's (`engine/heap.py`)
-    _runner = ClientRunner(Experiment.build(validate(config)))
+    experiment = Experiment.build(validate(config))
+    if experiment.data_fingerprint != fingerprint:  # an unseeded benchmark draws other data in every process
+        _refusal = (f"a worker process built other data than the main process (data fingerprint "
+                    f"{experiment.data_fingerprint}, not {fingerprint}): the benchmark is not deterministic in the "
+                    "config (draw its data from the seed it is given), so run it with workers: 1.")
+    _runner = ClientRunner(experiment)
 
 
 def _worker() -> ClientRunner:
     assert _runner is not None, "worker used before its initializer ran"
+    if _refusal is not None:
+        raise ManytaskError(_refusal)
     return _runner
 
 
@@ -91,7 +100,7 @@ class ProcessPoolTransport:
     def __init__(self, experiment: Experiment, workers: int) -> None:
         config = experiment.config.model_dump(mode="json")
         self.pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start_worker,
-                                        initargs=(config,))
+                                        initargs=(config, experiment.data_fingerprint))
         self.workers = workers
         self.batched = experiment.config.execution != "sequential"  # each worker batches its share of a round
         self.states: dict[int, ClientState] = {}

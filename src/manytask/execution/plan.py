@@ -25,6 +25,11 @@ class Unbatchable(Exception):
     says why, and the engine trains them one after another instead."""
 
 
+class NothingToBatch(Unbatchable):
+    """A round with no training to batch (an idle stage): the engine runs it one client after another at no cost,
+    under `execution: vectorized` too."""
+
+
 @dataclass
 class StateUpdate:
     """A client's state after training, written once as an elementwise function per parameter:

@@ -203,4 +203,5 @@ class MethodDef:
     client: type[ClientProgram]
     server: type[ServerProgram]
     pooled: bool = False  # True: one client per task holding all its data (the centralized reference)
+    same_batch: bool = False  # True: a client's tasks must label the same inputs at every step (lookahead affinity)
     family: str = "many-task"  # one of methods.registry.FAMILIES

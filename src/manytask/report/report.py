@@ -66,6 +66,7 @@ def _setup_section(record: RunRecord) -> str:
         ("rounds", s.get("rounds", MISSING)),
         ("clients", s.get("num_clients", MISSING)),
         ("backbone", s.get("backbone", MISSING)),
+        ("clients' optimizer", s.get("optimizer", MISSING)),
         ("pretraining", _describe(s.get("pretraining"))),
     ])
 
@@ -85,7 +86,10 @@ def _average_lines(record: RunRecord) -> list[tuple[str, str]]:
     if s.get("fairness"):
         f = s["fairness"]
         spread = ", ".join(f"{k} {format_metric(f[k], metric)}" for k in ("worst_10", "worst_20"))
-        lines.append(("across clients", f"mean {format_metric(f['mean'], metric)}, {spread}, std {f['std']:.4f}"))
+        basis = (" (the server's per-task models on each client's tasks: clients holding the same tasks score the "
+                 "same)" if s.get("clients_scored_by") == "server" else "")
+        lines.append((f"across clients{basis}",
+                      f"mean {format_metric(f['mean'], metric)}, {spread}, std {f['std']:.4f}"))
     return lines
 
 
@@ -289,7 +293,8 @@ def _run_section(record: RunRecord) -> str:
     return "\n".join([
         f"### {record.label}\n",
         *_stopped_note(record),
-        f"method: {setup}; pretraining: {_describe(s.get('pretraining'))}\n",
+        f"method: {setup}; clients' optimizer: {s.get('optimizer', MISSING)}; pretraining: "
+        f"{_describe(s.get('pretraining'))}\n",
         markdown_table(*task_rows(record)),
         _bullets(_average_lines(record) + _communication_lines(record) + _time_lines(record)
                  + _community_lines(record) + _privacy_lines(record) + _failure_lines(record)),

@@ -27,6 +27,7 @@ class RunRecord:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     seeded: bool = False  # one seed of several of the same member (`seeds:`)
+    origin: str | None = None  # the directory it was given as, shown where runs compared share a label
 
     @property
     def group(self) -> str:
@@ -35,8 +36,10 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        """The name to show for this run: its group, with `@seed<k>` when it is one seed of several."""
-        return f"{self.group}@seed{self.summary.get('seed')}" if self.seeded else self.group
+        """The name to show for this run: its group, with `@seed<k>` when it is one seed of several, and
+        ` (<origin>)` when it has one."""
+        label = f"{self.group}@seed{self.summary.get('seed')}" if self.seeded else self.group
+        return label if self.origin is None else f"{label} ({self.origin})"
 
     @property
     def tasks(self) -> list[str]:
@@ -122,17 +125,24 @@ def comparison_order(path: str | Path) -> list[str]:
 
 def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
     """Load run directories in order, expanding each comparison directory into its member runs (marked `seeded`
-    when the comparison ran several seeds)."""
-    records = []
-    for path in paths:
-        if is_comparison(path):
-            seeded = bool(read_summary(Path(path)).get("seeds"))
-            for name in comparison_order(path):
-                record = load_run(Path(path) / name)
-                record.seeded = seeded
-                records.append(record)
-        else:
-            records.append(load_run(path))
+    when the comparison ran several seeds). Runs that share a label get the name of the directory they were given
+    as (the comparison's, for a member) as their `origin`."""
+    given = [(record, Path(path)) for path in paths for record in _expanded(path)]
+    labels = [record.label for record, _ in given]
+    for (record, path), label in zip(given, labels, strict=True):
+        if labels.count(label) > 1:
+            record.origin = path.resolve().name
+    return [record for record, _ in given]
+
+
+def _expanded(path: str | Path) -> list[RunRecord]:
+    """A run directory's run, or a comparison directory's members."""
+    if not is_comparison(path):
+        return [load_run(path)]
+    seeded = bool(read_summary(Path(path)).get("seeds"))
+    records = [load_run(Path(path) / name) for name in comparison_order(path)]
+    for record in records:
+        record.seeded = seeded
     return records
 
 

@@ -1,9 +1,13 @@
-"""Comparison tables of finished runs, as markdown or rich tables, and the number formats they use."""
+"""Comparison tables of finished runs, as markdown, rich, CSV, LaTeX or JSON tables, and the number formats they
+use."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.table import Table
@@ -30,12 +34,15 @@ def format_ratio(value: Any) -> str:
     return MISSING if value is None else f"{100 * float(value):.1f}%"
 
 
+def average_value(record: RunRecord) -> float | None:
+    """A run's average main metric; None for dense task sets, whose main metrics differ in unit and direction (mIoU,
+    RMSE, degrees) and compare by Δ% instead."""
+    return None if has_dense_tasks(record) else record.summary.get("average")
+
+
 def format_average(record: RunRecord) -> str:
-    """A run's average main metric: a percentage over classification tasks, else a number; '–' for dense task
-    sets, whose main metrics differ in unit and direction (mIoU, RMSE, degrees) and compare by Δ% instead."""
-    if has_dense_tasks(record):
-        return MISSING
-    return format_metric(record.summary.get("average"), "accuracy" if all_accuracy([record]) else "mse")
+    """A run's average main metric (`average_value`): a percentage over classification tasks, else a number."""
+    return format_metric(average_value(record), "accuracy" if all_accuracy([record]) else "mse")
 
 
 def format_seconds(value: Any) -> str:
@@ -113,27 +120,33 @@ def task_columns(records: Sequence[RunRecord]) -> list[tuple[str, str]]:
     return list(columns.items())
 
 
-def _task_value(record: RunRecord, task: str, metric: str) -> str:
-    """A run's final value of `task`'s main metric, or the missing marker."""
-    if task not in record.tasks:
-        return MISSING
-    return format_metric((record.summary.get("tasks", {}).get(task) or {}).get(metric), metric)
+Cell = tuple[Any, str]  # a table cell's value (a number, None where missing) and its text
 
 
-def _row(record: RunRecord, columns: list[tuple[str, str]]) -> list[str]:
+def _cell(value: Any, text: Callable[[Any], str]) -> Cell:
+    return value, text(value)
+
+
+def _task_cell(record: RunRecord, task: str, metric: str) -> Cell:
+    """A run's final value of `task`'s main metric (None where the run lacks it)."""
+    value = ((record.summary.get("tasks") or {}).get(task) or {}).get(metric)
+    return value, format_metric(value, metric)
+
+
+def _row(record: RunRecord, columns: list[tuple[str, str]]) -> list[Cell]:
     """One comparison row for a run."""
     summary = record.summary
     return [
-        record.label,
-        *(_task_value(record, task, metric) for task, metric in columns),
-        format_average(record),
-        format_ratio(summary.get("normalized_average")),
-        format_loss(total_test_loss(summary)),
-        human_bits(summary.get("bits_per_task_per_round")),
-        human_bytes(total_bytes(record)),
-        format_seconds(summary.get("wall_seconds")),
-        format_seconds(summary.get("client_compute_seconds")),
-        format_energy(summary),
+        (record.label, record.label),
+        *(_task_cell(record, task, metric) for task, metric in columns),
+        (average_value(record), format_average(record)),
+        _cell(summary.get("normalized_average"), format_ratio),
+        _cell(total_test_loss(summary), format_loss),
+        _cell(summary.get("bits_per_task_per_round"), human_bits),
+        _cell(total_bytes(record), human_bytes),
+        _cell(summary.get("wall_seconds"), format_seconds),
+        _cell(summary.get("client_compute_seconds"), format_seconds),
+        (summary.get("energy_joules"), format_energy(summary)),
     ]
 
 
@@ -150,6 +163,19 @@ def comparison_rows(
 
     With more tasks than `max_task_columns` (e.g. one task per client), the per-task columns are left out and
     only the averages remain; the full per-task tables are in the report."""
+    headers, rows = _comparison(records, max_task_columns)
+    return headers, [[text for _, text in row] for row in rows]
+
+
+def comparison_values(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
+    """The comparison table's numbers, one mapping per run from column header to value: the run's label, then
+    numbers as recorded (accuracies as fractions, bytes, seconds, joules), None where missing."""
+    headers, rows = _comparison(records)
+    return [dict(zip(headers, (value for value, _ in row), strict=True)) for row in rows]
+
+
+def _comparison(records: Sequence[RunRecord], max_task_columns: int | None = None
+                ) -> tuple[list[str], list[list[Cell]]]:
     columns = task_columns(records)
     if max_task_columns is not None and len(columns) > max_task_columns:
         columns = []
@@ -168,7 +194,7 @@ def comparison_rows(
     return headers, [_row(record, columns) for record in records]
 
 
-def _cell(text: str) -> str:
+def _markdown_cell(text: str) -> str:
     """Escape a value for a markdown table cell."""
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -177,11 +203,53 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     """A GitHub-flavoured markdown table: first column left-aligned, the rest right-aligned."""
     align = [":---", *["---:"] * (len(headers) - 1)]
     lines = [
-        "| " + " | ".join(_cell(h) for h in headers) + " |",
+        "| " + " | ".join(_markdown_cell(h) for h in headers) + " |",
         "| " + " | ".join(align) + " |",
-        *("| " + " | ".join(_cell(c) for c in row) + " |" for row in rows),
+        *("| " + " | ".join(_markdown_cell(c) for c in row) + " |" for row in rows),
     ]
     return "\n".join(lines) + "\n"
+
+
+LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+                  "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def latex_escape(text: str) -> str:
+    """`text` with LaTeX's special characters escaped (`97.0%` → `97.0\\%`, `lr_0` → `lr\\_0`)."""
+    return "".join(LATEX_SPECIALS.get(char, char) for char in text)
+
+
+def latex_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A LaTeX tabular: first column left-aligned, the rest right-aligned, every cell escaped."""
+    lines = [rf"\begin{{tabular}}{{l{'r' * (len(headers) - 1)}}}", r"\hline", _latex_line(headers), r"\hline",
+             *(_latex_line(row) for row in rows), r"\hline", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def _latex_line(cells: Sequence[str]) -> str:
+    return " & ".join(latex_escape(str(cell)) for cell in cells) + r" \\"
+
+
+def csv_table(records: Sequence[dict[str, Any]]) -> str:
+    """Rows of values (`comparison_values`) as CSV with a header line; missing values are empty cells."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(records[0]) if records else [], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return buffer.getvalue()
+
+
+def json_table(records: Sequence[dict[str, Any]]) -> str:
+    """Rows of values (`comparison_values`) as a JSON list of objects."""
+    return json.dumps(list(records), indent=2, ensure_ascii=False) + "\n"
+
+
+def comparison_text(records: Sequence[RunRecord], table_format: str) -> str:
+    """The comparison table of `records` with every column as `md`, `latex` (their cells formatted), `csv` or `json`
+    (their cells numbers: `comparison_values`)."""
+    if table_format in ("csv", "json"):
+        return (csv_table if table_format == "csv" else json_table)(comparison_values(records))
+    return (markdown_table if table_format == "md" else latex_table)(*comparison_rows(records))
 
 
 # the comparison's columns a narrow terminal leaves out first, in this order; then task columns, right to left. The

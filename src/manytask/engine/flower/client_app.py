@@ -58,7 +58,8 @@ def handshake(msg: Message, context: Context) -> Message:
     client, num_clients = partition_id(context), runner.exp.federation.num_clients
     if client >= num_clients:
         raise ValueError(f"partition-id {client} is outside the federation's {num_clients} clients")
-    return Message(RecordDict({CONTROL_RECORD: ConfigRecord({"client": client})}), reply_to=msg)
+    data = runner.exp.client_fingerprint(client)  # the server refuses a node whose data differ from its own
+    return Message(RecordDict({CONTROL_RECORD: ConfigRecord({"client": client, "data": data})}), reply_to=msg)
 
 
 @app.train()

@@ -104,7 +104,7 @@ def run_drill(config: RunConfig, out: Path, drill: Drill) -> dict[str, Any] | No
         raise ManytaskError(f"a drill runs one method with one seed on engine flower; this config has "
                             f"{len(experiments)} member(s) on engine {config.engine}.")
     run_dir = RunDir(out)
-    run_dir.start(to_yaml(experiments[0].config), experiments[0].federation.to_json())
+    run_dir.start(to_yaml(experiments[0].config), experiments[0].federation_record())
     return run_on_superlink(experiments[0], run_dir, drill=drill)
 
 

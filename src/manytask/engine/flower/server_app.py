@@ -27,16 +27,19 @@ app = ServerApp()
 
 def serve(
     grid: Grid, experiment: Experiment, run_dir: RunDir, observer: RoundObserver | None = None,
-    stop_after: int | None = None, holds: ServerHolds | None = None,
+    stop_after: int | None = None, holds: ServerHolds | None = None, startup_seconds: float = 0.0,
 ) -> dict[str, Any] | None:
     """Run the experiment's rounds through `grid`; returns the summary (None if stopped at `stop_after`). With
-    `holds` (a drill), the run waits at its hold points (it is then the loop's observer)."""
+    `holds` (a drill), the run waits at its hold points (it is then the loop's observer). `startup_seconds`, the
+    engine's start, counts in the run's wall time."""
     flower = experiment.config.flower
     transport = GridTransport(
         grid, experiment.federation.num_clients, to_yaml(experiment.config), flower.round_timeout,
         flower.connect_timeout, run_key(experiment, run_dir), holds.pushed if holds else None,
+        experiment.client_fingerprint,
     )
-    return RoundLoop(experiment, run_dir, transport, holds or observer).run(stop_after)
+    return RoundLoop(experiment, run_dir, transport, holds or observer,
+                     startup_seconds=startup_seconds).run(stop_after)
 
 
 def run_key(experiment: Experiment, run_dir: RunDir) -> str:
@@ -54,7 +57,7 @@ def main(grid: Grid, context: Context) -> None:
     experiment = Experiment.build(validate(yaml.safe_load(config_text)))
     run_dir = RunDir(str(context.run_config["run-dir"]))
     if not run_dir.config.exists():
-        run_dir.start(to_yaml(experiment.config), experiment.federation.to_json())
+        run_dir.start(to_yaml(experiment.config), experiment.federation_record())
     stop_after = int(context.run_config.get("stop-after", 0))
     points = parse_points(str(context.run_config.get(HOLD_KEY, "")))
     holds = ServerHolds(holds_folder(run_dir.path), points, HOLD_TIMEOUT) if points else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -27,11 +28,13 @@ def run_flower_simulation(
     os.environ.update(QUIET_FLOWER)
     outcome: dict[str, Any] = {}
     server_app = ServerApp()
+    began = time.perf_counter()  # Ray's and the apps' start count in the run's wall time
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            outcome["summary"] = serve(grid, experiment, run_dir, observer, stop_after)
+            outcome["summary"] = serve(grid, experiment, run_dir, observer, stop_after,
+                                       startup_seconds=time.perf_counter() - began)
         except BaseException as err:  # handed back to the caller below, not lost in Flower's log
             outcome["error"] = err
 

@@ -51,9 +51,11 @@ class GridTransport:
     def __init__(
         self, grid: Grid, num_clients: int, config_text: str, round_timeout: float, connect_timeout: float,
         run_key: str = "", on_pushed: Callable[[str, str], None] | None = None,
+        client_data: Callable[[int], str] | None = None,
     ) -> None:
         self.grid = grid
         self.on_pushed = on_pushed  # told (message type, group) once a batch of messages is on the SuperLink
+        self.client_data = client_data  # client -> the fingerprint of the data its node must hold (None: unchecked)
         self.run_key = run_key  # names this run's client states on the SuperNodes that keep them (`state-path`)
         # client -> the last round whose reply arrived: the state its node must load next (0: none yet); and the
         # same as of the last checkpoint, below which a node may delete its saved states
@@ -126,7 +128,7 @@ class GridTransport:
         answers = self._greet(self._wait_for_nodes(self.num_clients, timeout))
         nodes: dict[int, int] = {}
         for node, reply in answers.replies.items():
-            client = _client_of(reply)
+            client = self._checked_client(node, reply)
             if client in nodes:
                 raise ManytaskError(f"two SuperNodes claim partition-id {client}; give each a distinct partition-id.")
             nodes[client] = node
@@ -139,6 +141,18 @@ class GridTransport:
         why = f"no SuperNode answered the handshake ({reasons or 'no node has its partition-id'}); not waited for since"
         self.unreached = dict.fromkeys(missing, why)
         return nodes
+
+    def _checked_client(self, node: int, reply: Message) -> int:
+        """The client a handshake's answer names, once its node's data are found to be the client's own."""
+        client = _client_of(reply)
+        if self.client_data is not None and 0 <= client < self.num_clients:
+            found, expected = control_of(reply.content).get("data"), self.client_data(client)
+            if found != expected:
+                raise ManytaskError(f"the SuperNode serving client {client} (node {node}) holds other training data "
+                                    f"than the server expects (data fingerprint {found}, expected {expected}): its "
+                                    "benchmark drew other data, or its files differ; give every node the same data "
+                                    "(a seeded benchmark, the same files, or manytask export-partitions).")
+        return client
 
     def _greet(self, node_ids: Iterable[int]) -> Answers:
         """Send the handshake to these nodes and wait for the answers (deadline: round_timeout). A node that does
@@ -177,7 +191,7 @@ class GridTransport:
         fresh = set(self.grid.get_node_ids()) - self.seen
         if fresh:
             for node, reply in self._greet(fresh).replies.items():
-                self._take_back(_client_of(reply), node, newest=True)
+                self._take_back(self._checked_client(node, reply), node, newest=True)
 
     def _push_probes(self) -> None:
         """One pending probe per silent node (a lost client's, or one that never answered its handshake)."""
@@ -190,7 +204,7 @@ class GridTransport:
     def _probe_answered(self, message_id: str, reply: Message) -> None:
         node = self.probes.pop(message_id)
         if not reply.has_error():
-            self._take_back(_client_of(reply), node)
+            self._take_back(self._checked_client(node, reply), node)
 
     def _take_back(self, client: int, node: int, newest: bool = False) -> None:
         """A node answered for `client`: it serves the client from the next exchange on. A probed node whose client

@@ -127,6 +127,6 @@ class MasServer(StagedServer):
 
 
 register_method(
-    "mas", MethodDef(StagedClient, MasServer, family=MANY_TASK), MasParams,
+    "mas", MethodDef(StagedClient, MasServer, family=MANY_TASK, same_batch=True), MasParams,
     "MAS: all-in-one FedAvg for R0 rounds with lookahead affinities, split into groups, each group continued",
 )

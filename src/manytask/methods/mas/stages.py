@@ -27,7 +27,7 @@ from torch import Tensor
 from manytask.client.lookahead import LookaheadProbe
 from manytask.client.trainer import TaskData, TrainHook, evaluate
 from manytask.errors import ManytaskError
-from manytask.execution.plan import ClientPlan, PlanResult, Unbatchable
+from manytask.execution.plan import ClientPlan, NothingToBatch, PlanResult
 from manytask.messages import Message
 from manytask.methods.base import ClientContext, Metrics, Setup
 from manytask.methods.common.global_model import GlobalModel, GlobalModelServer, fedavg_weights_of
@@ -84,7 +84,7 @@ class StagedClient(HostClient):
         """`fit`'s round as a plan, for a round that is not idle."""
         assert payload is not None, "staged clients always receive the stage's model"
         if not payload.arrays:
-            raise Unbatchable("an idle stage trains nothing")
+            raise NothingToBatch("an idle stage trains nothing")
         self.stage_scalars = dict(payload.scalars)
         return self.host_plan(ctx, payload)
 

@@ -89,6 +89,6 @@ class TagServer(StagedServer):
 
 
 register_method(
-    "tag", MethodDef(StagedClient, TagServer, family=MANY_TASK), TagParams,
+    "tag", MethodDef(StagedClient, TagServer, family=MANY_TASK, same_batch=True), TagParams,
     "TAG: lookahead affinities on the all-in-one model, overlapping groups trained from scratch",
 )

@@ -18,12 +18,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from manytask.errors import ManytaskError
 from manytask.models.multitask import BACKBONE_PREFIX
 from manytask.models.transformers_backbones import eager_attention
 
@@ -188,15 +190,29 @@ def calibrate_mask(
 
     `model` is the project's (a backbone with heads: `batches` are (task, inputs) pairs, and the backbone's
     parameters are scored) or any classifier module taking a batch of inputs to logits (`batches` are input
-    tensors, or (anything, inputs) pairs, and all its parameters are scored, less `EXCLUDED` or as `scored` says,
-    by its own parameter names)."""
+    tensors, or a DataLoader's (inputs, labels) pairs, whose labels are not read: the Fisher samples the model's
+    own predictions; and all its parameters are scored, less `EXCLUDED` or as `scored` says, by its own parameter
+    names)."""
     if not hasattr(model, "heads"):
         wrapped = _AsBackbone(model)
         exact = [f"^{re.escape(BACKBONE_PREFIX + name)}$" for name in scored_parameters(model, scored, prefix="")]
-        pairs = [("", b) if isinstance(b, Tensor) else b for b in batches]
+        pairs = [("", _inputs_of(b)) for b in batches]
         masks = _calibrate(wrapped, pairs, sparsity, rounds, soft_zero, exact, per_layer, raw_logit, seed)
         return {name.removeprefix(BACKBONE_PREFIX): mask for name, mask in masks.items()}
     return _calibrate(model, list(batches), sparsity, rounds, soft_zero, scored, per_layer, raw_logit, seed)
+
+
+def _inputs_of(batch: Tensor | Sequence[Any]) -> Tensor:
+    """A plain classifier's batch: its inputs alone, the first item of a DataLoader's (inputs, labels, ...), or the
+    inputs of a (task, inputs) pair."""
+    if isinstance(batch, Tensor):
+        return batch
+    if isinstance(batch, Sequence) and len(batch) == 2 and isinstance(batch[0], str):  # the project's (task, inputs)
+        return batch[1]
+    if isinstance(batch, Sequence) and batch and isinstance(batch[0], Tensor):
+        return batch[0]
+    raise ManytaskError(f"calibrate_mask of a plain module takes batches of input tensors or (inputs, labels) pairs "
+                        f"as a DataLoader yields them, not {type(batch).__name__}.")
 
 
 def _calibrate(model: nn.Module, batches: Sequence[tuple[str, Tensor]], sparsity: float, rounds: int,
