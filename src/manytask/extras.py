@@ -14,10 +14,12 @@ EXTRA_OF = {"optuna": "tune", "flwr": "flower", "transformers": "vision", "PIL":
 
 
 def missing_extra(feature: str, module: str) -> ManytaskError:
-    """'`feature` needs <module>, which the '<extra>' extra installs: pip install 'manytask[<extra>]'.'"""
+    """'`feature` needs <module>, which the '<extra>' extra installs: pip install 'manytask[<extra>]' ...'
+    (manytask is not on PyPI: the spelling for a clone is given too)."""
     extra = EXTRA_OF[module.partition(".")[0]]
     return ManytaskError(f"{feature} needs {module.partition('.')[0]}, which the '{extra}' extra installs: "
-                         f"pip install 'manytask[{extra}]'.")
+                         f"pip install 'manytask[{extra}]' from a wheel, or pip install -e '.[{extra}]' in a clone "
+                         "of manytask.")
 
 
 def require(module: str, feature: str) -> ModuleType:
