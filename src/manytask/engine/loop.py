@@ -92,11 +92,12 @@ class RoundFailed(ManytaskError):
 class RoundLoop:
     def __init__(
         self, experiment: Experiment, run_dir: RunDir, transport: Transport, observer: RoundObserver | None = None,
-        server_device: torch.device = CPU, startup_seconds: float = 0.0,
+        server_device: torch.device = CPU, started_at: float | None = None,
     ) -> None:
         self.exp = experiment
-        # what the engine spent starting before this loop (Ray and a ServerApp): part of the run's wall time, once
-        self.startup_seconds = startup_seconds
+        # when the engine began starting (`time.perf_counter()`; Ray, a ServerApp, the handshake): the time until the
+        # first round is part of the run's wall time, once
+        self.started_at = started_at
         self.run_dir = run_dir
         self.transport = transport
         self.observer = observer
@@ -127,7 +128,8 @@ class RoundLoop:
         total = self.exp.total_rounds
         # a loop stopped at `stop_after` goes on from its own state; a fresh one, from the checkpoint on disk
         start, elapsed = self._stopped_at or self._restore()
-        elapsed, self.startup_seconds = elapsed + self.startup_seconds, 0.0
+        if self.started_at is not None:
+            elapsed, self.started_at = elapsed + time.perf_counter() - self.started_at, None
         self._stopped_at = None
         meter = energy.available_meter()  # None without a readable meter: the summary then estimates energy
         if self.observer:

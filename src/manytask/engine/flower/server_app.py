@@ -27,19 +27,19 @@ app = ServerApp()
 
 def serve(
     grid: Grid, experiment: Experiment, run_dir: RunDir, observer: RoundObserver | None = None,
-    stop_after: int | None = None, holds: ServerHolds | None = None, startup_seconds: float = 0.0,
+    stop_after: int | None = None, holds: ServerHolds | None = None, started_at: float | None = None,
 ) -> dict[str, Any] | None:
     """Run the experiment's rounds through `grid`; returns the summary (None if stopped at `stop_after`). With
-    `holds` (a drill), the run waits at its hold points (it is then the loop's observer). `startup_seconds`, the
-    engine's start, counts in the run's wall time."""
+    `holds` (a drill), the run waits at its hold points (it is then the loop's observer). From `started_at` (a
+    `time.perf_counter()`: the engine's start) to the first round, the handshake included, counts in the run's wall
+    time."""
     flower = experiment.config.flower
     transport = GridTransport(
         grid, experiment.federation.num_clients, to_yaml(experiment.config), flower.round_timeout,
         flower.connect_timeout, run_key(experiment, run_dir), holds.pushed if holds else None,
         experiment.client_fingerprint,
     )
-    return RoundLoop(experiment, run_dir, transport, holds or observer,
-                     startup_seconds=startup_seconds).run(stop_after)
+    return RoundLoop(experiment, run_dir, transport, holds or observer, started_at=started_at).run(stop_after)
 
 
 def run_key(experiment: Experiment, run_dir: RunDir) -> str:

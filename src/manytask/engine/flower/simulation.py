@@ -33,8 +33,7 @@ def run_flower_simulation(
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            outcome["summary"] = serve(grid, experiment, run_dir, observer, stop_after,
-                                       startup_seconds=time.perf_counter() - began)
+            outcome["summary"] = serve(grid, experiment, run_dir, observer, stop_after, started_at=began)
         except BaseException as err:  # handed back to the caller below, not lost in Flower's log
             outcome["error"] = err
 

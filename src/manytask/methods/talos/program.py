@@ -89,9 +89,10 @@ class TalosModel(HostModel):
         head = self.params.head_rounds if self.params.head_rounds is not None else self.default_head_rounds(rounds)
         last = self.last_phase()
         if head < 1 or head + 2 > rounds:
+            given = "" if self.params.head_rounds is None else f"head_rounds={head} with "
             raise ManytaskError(
-                f"TaLoS needs head_rounds + 2 rounds at least (head-only, calibration, fine-tuning), and one "
-                f"head-only round at least; head_rounds={head} with rounds={rounds}."
+                f"TaLoS needs head_rounds + 2 rounds at least (head-only, calibration, fine-tuning) and one head-only "
+                f"round at least, so 3 rounds at the fewest; {given}rounds={rounds}."
             )
         if last.rounds is not None and head + 1 + last.rounds != rounds:
             raise ManytaskError(f"the run ends with its {last.name} round: rounds must be head_rounds + "
