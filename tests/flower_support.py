@@ -53,10 +53,11 @@ class FakeGrid:
     (id -> partition-id) is "up" (answers at once), "dead" (still listed, never answers: a killed SuperNode
     before its heartbeats expire) or "offline" (not listed; the SuperLink answers NODE_UNAVAILABLE)."""
 
-    def __init__(self, partitions: dict[int, int]) -> None:
+    def __init__(self, partitions: dict[int, int], data: dict[int, str] | None = None) -> None:
         from flwr.app import Message
 
         self.partition = dict(partitions)
+        self.data = data or {}  # node -> the data fingerprint its handshake answers with (none: no "data" key)
         self.state = dict.fromkeys(partitions, "up")
         self.waiting: dict[str, Message] = {}
         self.pushed: list[Message] = []
@@ -93,8 +94,9 @@ class FakeGrid:
 
         kind = message.metadata.message_type
         if kind == "query":
-            client = self.partition[message.metadata.dst_node_id]
-            return Message(RecordDict({CONTROL_RECORD: ConfigRecord({"client": client})}), reply_to=message)
+            node = message.metadata.dst_node_id
+            answer = {"client": self.partition[node], **({"data": self.data[node]} if node in self.data else {})}
+            return Message(RecordDict({CONTROL_RECORD: ConfigRecord(answer)}), reply_to=message)
         if kind == "train":
             return Message(request(b"reply", {"seconds": 0.0}), reply_to=message)
         return Message(RecordDict({METRICS_RECORD: metrics_record({"t": {"accuracy": 1.0}})}), reply_to=message)

@@ -383,3 +383,17 @@ def test_supernodes_read_only_their_own_exported_partitions_and_a_wrong_folder_f
     assert set(failures[0]) == {"1", "2"}, failures
     assert f"data-path '{nodes[2]}' holds client 2's partition, not client 1's" in failures[0]["1"]
     assert "this SuperNode (partition-id 2) has no data-path in its node config" in failures[0]["2"]
+
+
+def test_a_supernode_holding_other_data_is_refused_at_the_handshake(grid):
+    """Each node answers the handshake with its client's data fingerprint; the server compares it with the data it
+    expects for that client and refuses the run in one sentence where they differ."""
+    expected = {0: "a0", 1: "a1", 2: "a2"}.__getitem__
+    grid.data = {10: "a0", 11: "a1", 12: "a2"}
+    assert GridTransport(grid, 3, "config", round_timeout=FAKE_TIMEOUT, connect_timeout=5,
+                         client_data=expected).nodes == {0: 10, 1: 11, 2: 12}
+    grid.data[12] = "b2"  # this node's benchmark drew other data
+    with pytest.raises(ManytaskError, match=r"the SuperNode serving client 2 \(node 12\) holds other training data "
+                                            r"than the server expects \(data fingerprint b2, expected a2\)"):
+        GridTransport(grid, 3, "config", round_timeout=FAKE_TIMEOUT, connect_timeout=5, client_data=expected)
+
