@@ -115,7 +115,7 @@ def export_partitions(experiment: Any, out: Path) -> Path:
     sizes = [{t: len(idx) for t, idx in held.items()} for held in federation.clients]
     export = hashlib.sha256(json.dumps([config.model_dump(mode="json"), tasks, sizes], sort_keys=True,
                                        default=str).encode()).hexdigest()[:16]
-    fingerprints = [client_fingerprint(experiment.client_data(c)) for c in range(federation.num_clients)]
+    fingerprints = [experiment.client_fingerprint(c) for c in range(federation.num_clients)]
     base = {"export": export, "tasks": tasks, "input_shape": list(bench.input_shape), "sizes": sizes,
             FINGERPRINTS_KEY: fingerprints}
     if out.exists() and any(out.iterdir()):

@@ -1,11 +1,11 @@
 """A process's warm-up, paid before a comparison's first member starts its clock.
 
 The first computation of a process pays for what later ones find ready: torch's operator caches and thread pool,
-the allocator's first pages, lazily imported modules. In a comparison the first member paid all of it (on
-`fedprox_synthetic`, round 1 took 0.95 s of client compute against 0.043 s for later rounds), so its costs depended
-on its place in the list. `warm_up` runs one round of a member in a throwaway directory first, leaving torch's
-global CPU random state as it was (every draw on a device takes an explicit seed), so every member is timed on a
-warm process and its numbers do not change.
+the allocator's first pages, lazily imported modules. In a comparison the first member would pay all of it (on
+`fedprox_synthetic`, a process's first round takes 0.95 s of client compute against 0.043 s for later rounds), so
+its costs would depend on its place in the list. `warm_up` runs one round of a member in a throwaway directory
+first, leaving torch's global CPU random state as it was (every draw on a device takes an explicit seed), so every
+member is timed on a warm process and its numbers do not change.
 """
 
 from __future__ import annotations

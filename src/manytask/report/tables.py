@@ -129,8 +129,7 @@ def _cell(value: Any, text: Callable[[Any], str]) -> Cell:
 
 def _task_cell(record: RunRecord, task: str, metric: str) -> Cell:
     """A run's final value of `task`'s main metric (None where the run lacks it)."""
-    value = ((record.summary.get("tasks") or {}).get(task) or {}).get(metric)
-    return value, format_metric(value, metric)
+    return _cell(((record.summary.get("tasks") or {}).get(task) or {}).get(metric), lambda v: format_metric(v, metric))
 
 
 def _row(record: RunRecord, columns: list[tuple[str, str]]) -> list[Cell]:
