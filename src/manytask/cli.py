@@ -1,4 +1,4 @@
-"""The `manytask` command line: run | tune | list | report | compare | cross-eval."""
+"""The `manytask` command line: run | tune | list | report | compare | cross-eval | experiments | reproduce."""
 
 from __future__ import annotations
 
@@ -341,6 +341,49 @@ def cross_eval(run_dirs: Annotated[list[Path], typer.Argument(help="finished run
                                   f"{found['own']:.3f}, others' {found['others']:.3f}", highlight=False)
 
     _guarded(body)
+
+
+@app.command()
+def experiments(
+    ids: Annotated[list[str] | None, typer.Argument(help="experiment ids or paper keys (default: all)")] = None,
+) -> None:
+    """Every table and figure of the five papers: its id, what it shows, the paper's numbers and its scales."""
+    from manytask.experiments.listing import listing
+
+    _guarded(lambda: out_console.print(listing(ids or []), highlight=False, soft_wrap=True, markup=False))
+
+
+@app.command()
+def reproduce(
+    target: Annotated[str, typer.Argument(help="an experiment id, or: render | check")],
+    ids: Annotated[list[str] | None, typer.Argument(help="check: the experiments or papers to check (default: all)")]
+    = None,
+    scale: Annotated[str, typer.Option("--scale", help="smoke | cpu | paper")] = "cpu",
+    seeds: Annotated[str | None, typer.Option("--seeds", help="seeds, comma-separated (default: the scale's)")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="runs at a time, one torch thread each")] = 1,
+    out: Annotated[Path | None, typer.Option("--out", help="run directories (default: runs/reproduce/ID/SCALE)")]
+    = None,
+    mark: Annotated[bool, typer.Option("--mark", help="check: record stale tables in results/stale.json")] = False,
+) -> None:
+    """Run one of the papers' experiments (`manytask experiments` lists them) and write results/ID/SCALE.json;
+    `render` generates docs/results.md and the method pages' tables from the result files; `check` reruns every
+    smoke experiment and lists the tables whose fingerprint moved."""
+    from manytask.experiments import commands
+
+    def body() -> None:
+        say = lambda line: out_console.print(line, highlight=False, soft_wrap=True, markup=False)  # noqa: E731
+        if target == "render":
+            commands.render_pages(say)
+        elif target == "check":
+            if not commands.check_tables(ids or [], jobs, mark, say):
+                raise typer.Exit(1)
+        else:
+            if ids:
+                raise ManytaskError(f"unexpected argument '{ids[0]}'; reproduce runs one experiment at a time.")
+            chosen = None if seeds is None else tuple(int(s) for s in seeds.split(","))
+            commands.reproduce_one(target, scale, chosen, jobs, out, say)
+
+    _guarded(body, "interrupted; finished runs are kept: the same command goes on from them.")
 
 
 flower_app = typer.Typer(help="Flower deployment helpers (needs manytask[flower]).")
