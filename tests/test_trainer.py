@@ -177,6 +177,13 @@ def test_poly_decay_by_hand(round_index, expected):
     assert TrainConfig(lr=0.1, lr_schedule="poly", lr_power=2.0).lr_at(round_index, 10) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(("round_index", "expected"), [(0, 0.1), (9, 0.1), (10, 0.01), (25, 0.001)])
+def test_step_decay_by_hand(round_index, expected):
+    """StepLR over rounds: ×0.1 every 10 rounds."""
+    config = TrainConfig(lr=0.1, lr_schedule="step", lr_step=10, lr_gamma=0.1)
+    assert config.lr_at(round_index, 30) == pytest.approx(expected)
+
+
 def test_local_work_in_steps_and_epochs():
     trainer = Trainer(TrainConfig(local_steps=6, batch_size=16), SPECS)
     assert trainer.steps_for({"a": 50, "b": 20}) == 6

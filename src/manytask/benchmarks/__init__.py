@@ -17,6 +17,7 @@ from manytask.benchmarks import (  # noqa: F401  (imported to register them)
     scenes,
     shakespeare,
     synthetic,
+    thirty_tasks,
 )
 from manytask.benchmarks.base import Benchmark
 from manytask.benchmarks.registry import BENCHMARKS, build_benchmark, register_benchmark

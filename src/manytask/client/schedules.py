@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-Schedule = Literal["constant", "cosine", "linear", "warmup-cosine", "poly"]
+Schedule = Literal["constant", "cosine", "linear", "warmup-cosine", "poly", "step"]
 
 
 def cosine(lr: float, progress: float) -> float:
@@ -27,8 +27,14 @@ def poly(lr: float, round_index: int, total_rounds: int, power: float) -> float:
     return lr * (1 - round_index / max(total_rounds, 1)) ** power
 
 
+def step(lr: float, round_index: int, every: int, gamma: float) -> float:
+    """Step decay (PyTorch's StepLR over rounds): lr · γ^⌊r / every⌋."""
+    return lr * gamma ** (round_index // every)
+
+
 def scheduled_lr(
-    lr: float, schedule: Schedule, round_index: int, total_rounds: int, warmup: int = 0, power: float = 0.9
+    lr: float, schedule: Schedule, round_index: int, total_rounds: int, warmup: int = 0, power: float = 0.9,
+    every: int = 10, gamma: float = 0.1,
 ) -> float:
     """The lr of round `round_index` (0-based) of `total_rounds` under `schedule`."""
     progress = round_index / max(total_rounds, 1)
@@ -40,4 +46,6 @@ def scheduled_lr(
         return warmup_cosine(lr, round_index, total_rounds, warmup)
     if schedule == "poly":
         return poly(lr, round_index, total_rounds, power)
+    if schedule == "step":
+        return step(lr, round_index, every, gamma)
     return lr

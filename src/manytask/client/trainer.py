@@ -40,6 +40,8 @@ class TrainConfig(Params):
     lr_schedule: Schedule = "constant"
     warmup_rounds: int = Field(default=0, ge=0, description="warmup-cosine: rounds of linear warmup")
     lr_power: float = Field(default=0.9, gt=0, description="poly: p in lr·(1 − r/R)^p")
+    lr_step: int = Field(default=10, ge=1, description="step: rounds between two decays (StepLR's step_size)")
+    lr_gamma: float = Field(default=0.1, gt=0, le=1, description="step: the factor of each decay")
     grad_clip: float | None = Field(default=None, gt=0)
     losses: dict[str, str] = Field(default_factory=dict, description="per task name, a training loss in place of "
                                    "its kind's: map-l1 (edges, saliency) or shifted-l1 (normals), the task-grouping "
@@ -72,8 +74,8 @@ class TrainConfig(Params):
     def lr_at(self, round_index: int, total_rounds: int) -> float:
         """The learning rate of a round (0-based); the schedule runs over rounds, not local steps."""
         return scheduled_lr(
-            self.lr, self.lr_schedule, round_index, total_rounds, self.warmup_rounds, self.lr_power
-        )
+            self.lr, self.lr_schedule, round_index, total_rounds, self.warmup_rounds, self.lr_power, self.lr_step,
+            self.lr_gamma)
 
 
 @dataclass

@@ -35,9 +35,11 @@ def check_tables(ids: list[str], jobs: int, mark: bool, say: Log) -> bool:
     checked = check(ids, jobs, say)
     commit = code_state()["git_commit"] or "unknown"
     marks, fresh = new_marks(checked, commit)
-    failed = [item.id for item in checked if item.fingerprint is None]
+    failed = [item.id for item in checked if item.fingerprint is None and not item.skipped]
+    skipped = [item.id for item in checked if item.skipped]
     stale = sorted(key for key in marks if any(key.startswith(f"{item.id}/") for item in checked))
-    say(f"{len(checked)} smoke experiments: {len(checked) - len(failed)} ran, {len(failed)} failed; "
+    say(f"{len(checked)} smoke experiments: {len(checked) - len(failed) - len(skipped)} ran, {len(failed)} failed, "
+        f"{len(skipped)} skipped; "
         f"{len(stale)} stale table(s){': ' + ', '.join(stale) if stale else ''}")
     if mark:
         write_marks(marks)

@@ -119,7 +119,7 @@ def fill_markers(text: str) -> str:
             body = [f"*Not measured yet: `manytask reproduce {experiment.id} --scale {scale}`.*"]
         else:
             body = table_block(experiment, scale)
-        return match.group(1) + "\n".join(body) + "\n" + match.group(4)
+        return match.group(1) + "\n".join(body) + "\n" + match.group(5)
 
     return MARKER.sub(filled, text)
 

@@ -22,7 +22,12 @@ from manytask.experiments.results import (
     write_result,
 )
 from manytask.experiments.runner import Log, Unit, Workers, records_by_seed, repository_root, runner, scale_config
-from manytask.experiments.spec import PaperExperiment
+from manytask.experiments.spec import PaperExperiment, Scale
+
+
+def missing_needs(scale: Scale) -> list[str]:
+    """The files or folders a scale needs that are not on this machine."""
+    return [need for need in scale.needs if not Path(need).expanduser().exists()]
 
 
 def refuse_unrunnable(experiment: PaperExperiment, scale: str) -> None:
@@ -30,8 +35,7 @@ def refuse_unrunnable(experiment: PaperExperiment, scale: str) -> None:
     if experiment.waiting_for:
         raise ManytaskError(f"'{experiment.id}' waits for methods the library does not have yet: "
                             f"{', '.join(experiment.waiting_for)}.")
-    chosen = experiment.scale(scale)
-    missing = [need for need in chosen.needs if not Path(need).expanduser().exists()]
+    missing = missing_needs(experiment.scale(scale))
     if missing:
         raise ManytaskError(f"'{experiment.id}' at {scale} scale needs {', '.join(missing)}, which "
                             f"{'is' if len(missing) == 1 else 'are'} not on this machine.")

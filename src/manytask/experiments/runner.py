@@ -150,9 +150,24 @@ def estimate(todo: list[Unit], jobs: int) -> float:
     return total / max(1, min(jobs, len(todo)))
 
 
+def same_config(first: str, second: str) -> bool:
+    """Whether two single-run configs (YAML texts) are the same run: their validated configs' hashes agree."""
+    from manytask.config import validate
+    from manytask.engine.checkpoint import config_hash
+
+    return config_hash(validate(yaml.safe_load(first))) == config_hash(validate(yaml.safe_load(second)))
+
+
 def pending(todo: list[Unit]) -> list[Unit]:
+    """The units not finished yet. A kept run directory must hold the unit's own config: one made with other
+    settings (an edited config or override) is refused in one sentence rather than measured as this one."""
     from manytask.rundir import RunDir
 
+    for unit in todo:
+        kept = unit.out / "config.yaml"
+        if kept.is_file() and not same_config(kept.read_text(), unit.config):
+            raise ManytaskError(f"'{unit.out}' holds a run of other settings than this experiment's {unit.label} on "
+                                f"seed {unit.seed} now has; remove it (or give another --out) to run it again.")
     return [unit for unit in todo if not RunDir(unit.out).is_finished()]
 
 
