@@ -46,7 +46,7 @@ def test_cells_show_every_seed_then_mean_and_sample_std() -> None:
     # mean 2, sample std sqrt(((1-2)^2 + 0 + (3-2)^2) / 2) = 1
     assert results.cell_text([1.0, 2.0, 3.0], "{:.1f}") == "1.0 / 2.0 / 3.0; **2.0 ± 1.0**"
     assert results.cell_text([4.25], "{:.2f}") == "4.25"
-    assert results.cell_text(["sd|nkt", "sdn|kt"], "{}") == "sd|nkt / sdn|kt"
+    assert results.cell_text(["sd|nkt", "sdn|kt"], "{}") == r"sd\|nkt / sdn\|kt"  # a markdown cell
     assert results.cell_text([None, None], "{:.1f}") == "–"
 
 
@@ -154,3 +154,13 @@ def test_a_kept_run_of_other_settings_is_refused_not_measured(tmp_path: Path) ->
     (unit.out / "config.yaml").write_text(to_yaml(validate(small_config_dict(rounds=7))))
     with pytest.raises(ManytaskError, match="holds a run of other settings"):
         pending([unit])
+
+
+def test_a_member_a_failed_round_stopped_shows_where_and_stays_in_the_fingerprint() -> None:
+    experiment = PaperExperiment("x/t", "T", "s", (Column("acc", accuracy),), {})
+    fine = record("fedavg", 0.5, {"a": {"accuracy": 0.5, "loss": 1.0}})
+    diverged = record("sum", 0.1, {"a": {"accuracy": 0.1, "loss": 9.0}})
+    diverged.summary["stopped"] = {"round": 8, "rounds_completed": 7, "reason": "diverged"}
+    runs = {0: {"fedavg": fine, "sum": diverged}}
+    assert results.measure(experiment, runs) == {"fedavg": {"acc": [50.0]}, "sum": {"acc": ["stopped at round 8"]}}
+    assert results.fingerprint(runs)["values"] == {"0/fedavg/a": 1.0, "0/sum/stopped at round": 8.0}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from manytask.experiments.runner import Unit, repository_root
-from manytask.experiments.spec import PaperExperiment, Value
+from manytask.experiments.spec import Measure, PaperExperiment, Value
 
 RELATIVE_TOLERANCE = 1e-4
 Cells = dict[str, dict[str, list[Value]]]  # member label -> column -> value per seed
@@ -42,9 +42,15 @@ def measure(experiment: PaperExperiment, runs: Mapping[int, Mapping[str, Any]]) 
     for label in labels:
         cells[label] = {}
         for column in experiment.columns:
-            values = [column.measure(runs[s][label], runs[s]) if label in runs[s] else None for s in seeds]
+            values = [_value(column.measure, runs[s][label], runs[s]) if label in runs[s] else None for s in seeds]
             cells[label][column.name] = [_plain(v) for v in values]
     return cells
+
+
+def _value(measure: Measure, record: Any, runs: Mapping[str, Any]) -> Value:
+    """A member's value; for a run a failed round stopped (a diverged member), where it stopped."""
+    stopped = record.summary.get("stopped")
+    return f"stopped at round {stopped['round']}" if stopped else measure(record, runs)
 
 
 def _plain(value: Value) -> Value:
@@ -61,6 +67,9 @@ def fingerprint(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     values: dict[str, float] = {}
     for seed in sorted(runs):
         for label, record in runs[seed].items():
+            if record.summary.get("stopped"):
+                values[f"{seed}/{label}/stopped at round"] = float(record.summary["stopped"]["round"])
+                continue
             for task, metrics in (record.summary.get("tasks") or {}).items():
                 main = (record.summary.get("main_metric") or {}).get(task)
                 value = metrics.get("loss", metrics.get(main))
@@ -123,9 +132,10 @@ def _number_cell(values: list[Value], fmt: str) -> str:
 
 
 def cell_text(values: list[Value], fmt: str) -> str:
-    """A column's cell over seeds: `a / b / c; **mean ± std**` for numbers, `a / b / c` for texts."""
+    """A column's cell over seeds: `a / b / c; **mean ± std**` for numbers, `a / b / c` for texts (a text's `|`
+    escaped: it is a cell of a markdown table)."""
     if any(isinstance(v, str) for v in values):
-        return " / ".join(str(v) if v is not None else "–" for v in values)
+        return " / ".join(str(v).replace("|", "\\|") if v is not None else "–" for v in values)
     return _number_cell(values, fmt)
 
 

@@ -71,20 +71,25 @@ def units(config: RunConfig, out: Path, members: tuple[str, ...] = ()) -> list[U
     return [unit for unit in found if not members or unit.label in members]
 
 
-def _run_unit(unit: Unit) -> tuple[Unit, float]:
-    """One single run in a worker (resumed where it stopped, kept where it finished); its seconds."""
+def _run_unit(unit: Unit) -> tuple[Unit, float, str]:
+    """One single run in a worker (resumed where it was interrupted, kept where it ended); its seconds, and the
+    reason where a round failed (a diverged member): such a run ends there, its summary says so, and its row
+    of the table says where it stopped."""
     from manytask.config import validate
+    from manytask.engine.loop import RoundFailed
     from manytask.launch import resume, run_config
-    from manytask.rundir import RunDir
 
     began = time.perf_counter()
-    if not RunDir(unit.out).is_finished():
+    failed = ""
+    try:
         with contextlib.redirect_stdout(io.StringIO()):
             if (unit.out / "config.yaml").is_file():
                 resume(unit.out)
             else:
                 run_config(validate(yaml.safe_load(unit.config)), unit.out)
-    return unit, time.perf_counter() - began
+    except RoundFailed as err:
+        failed = str(err)
+    return unit, time.perf_counter() - began, failed
 
 
 def _one_thread() -> None:
@@ -113,9 +118,9 @@ class Workers:
         began = time.perf_counter()
         futures = [self.pool.submit(_run_unit, unit) for unit in left]
         for done, future in enumerate(as_completed(futures), 1):
-            unit, seconds = future.result()
+            unit, seconds, failed = future.result()
             self.log(f"[{done}/{len(left)}] seed {unit.seed} {unit.label}: {seconds:.0f} s "
-                     f"({time.perf_counter() - began:.0f} s in all)")
+                     f"({time.perf_counter() - began:.0f} s in all){'; stopped: ' + failed if failed else ''}")
 
 
 def probe_seconds(unit: Unit) -> float:
@@ -159,16 +164,15 @@ def same_config(first: str, second: str) -> bool:
 
 
 def pending(todo: list[Unit]) -> list[Unit]:
-    """The units not finished yet. A kept run directory must hold the unit's own config: one made with other
-    settings (an edited config or override) is refused in one sentence rather than measured as this one."""
-    from manytask.rundir import RunDir
-
+    """The units without a summary yet (a run stopped by a failed round has one: it fails the same way again). A
+    kept run directory must hold the unit's own config: one made with other settings (an edited config or
+    override) is refused in one sentence rather than measured as this one."""
     for unit in todo:
         kept = unit.out / "config.yaml"
         if kept.is_file() and not same_config(kept.read_text(), unit.config):
             raise ManytaskError(f"'{unit.out}' holds a run of other settings than this experiment's {unit.label} on "
                                 f"seed {unit.seed} now has; remove it (or give another --out) to run it again.")
-    return [unit for unit in todo if not RunDir(unit.out).is_finished()]
+    return [unit for unit in todo if not (unit.out / "summary.json").is_file()]
 
 
 def members_runner(experiment: PaperExperiment, scale: Scale, config: RunConfig, out: Path, workers: Workers,
