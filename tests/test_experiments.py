@@ -48,6 +48,7 @@ def test_cells_show_every_seed_then_mean_and_sample_std() -> None:
     assert results.cell_text([4.25], "{:.2f}") == "4.25"
     assert results.cell_text(["sd|nkt", "sdn|kt"], "{}") == r"sd\|nkt / sdn\|kt"  # a markdown cell
     assert results.cell_text([None, None], "{:.1f}") == "–"
+    assert results.cell_text([20.16, "stopped at round 8"], "{:.1f}") == "20.2 / stopped at round 8"
 
 
 def test_fingerprints_hold_within_float_rounding_and_not_beyond() -> None:

@@ -120,13 +120,19 @@ def load_result(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _one(value: Value, fmt: str) -> str:
+    if value is None:
+        return "–"
+    return value if isinstance(value, str) else fmt.format(value)
+
+
 def _number_cell(values: list[Value], fmt: str) -> str:
     numbers = [float(v) for v in values if isinstance(v, float | int)]
     if not numbers:
         return "–"
     if len(values) == 1:
         return fmt.format(numbers[0])
-    shown = " / ".join("–" if not isinstance(v, float | int) else fmt.format(v) for v in values)
+    shown = " / ".join(_one(v, fmt) for v in values)
     spread = f" ± {fmt.format(statistics.stdev(numbers)).lstrip('+')}" if len(numbers) > 1 else ""
     return f"{shown}; **{fmt.format(statistics.fmean(numbers))}{spread}**"
 
@@ -135,7 +141,7 @@ def cell_text(values: list[Value], fmt: str) -> str:
     """A column's cell over seeds: `a / b / c; **mean ± std**` for numbers, `a / b / c` for texts (a text's `|`
     escaped: it is a cell of a markdown table)."""
     if any(isinstance(v, str) for v in values):
-        return " / ".join(str(v).replace("|", "\\|") if v is not None else "–" for v in values)
+        return " / ".join(_one(v, fmt).replace("|", "\\|") for v in values)
     return _number_cell(values, fmt)
 
 
