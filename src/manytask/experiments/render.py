@@ -53,9 +53,14 @@ def provenance_line(experiment: PaperExperiment, scale: str, result: dict) -> st
     dirty = ", with uncommitted changes" if source.get("dirty") else ""
     seeds = ", ".join(str(s) for s in result["seeds"])
     return (f"*{scale} scale, seed{'s' if len(result['seeds']) > 1 else ''} {seeds}; measured {source['date']} at "
-            f"{str(source['tree'])[:7]}{dirty} on {source['machine']} (torch {source['torch']}), "
-            f"{source['wall_seconds'] / 60:.0f} min; `manytask reproduce {experiment.id} --scale {scale}`; smoke "
+            f"{str(source['tree'])[:7]}{dirty} on {source['machine']} (torch {source['torch']}), the command "
+            f"{_minutes(source['wall_seconds'])}; `manytask reproduce {experiment.id} --scale {scale}`; smoke "
             f"fingerprint {result['fingerprint']['sha256']}.*")
+
+
+def _minutes(seconds: float) -> str:
+    """A command's wall time (under a minute where it reused the finished runs of an experiment on its config)."""
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else "under a minute"
 
 
 def table_block(experiment: PaperExperiment, scale: str) -> list[str]:

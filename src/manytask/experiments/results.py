@@ -133,8 +133,12 @@ def _number_cell(values: list[Value], fmt: str) -> str:
     if len(values) == 1:
         return fmt.format(numbers[0])
     shown = " / ".join(_one(v, fmt) for v in values)
-    spread = f" ± {fmt.format(statistics.stdev(numbers)).lstrip('+')}" if len(numbers) > 1 else ""
-    return f"{shown}; **{fmt.format(statistics.fmean(numbers))}{spread}**"
+    mean = statistics.fmean(numbers)
+    spread = ""
+    if len(numbers) > 1:  # a spread too small to show at the column's precision is shown as 0
+        std = statistics.stdev(numbers)
+        spread = f" ± {'0' if fmt.format(mean + std) == fmt.format(mean) else fmt.format(std).lstrip('+')}"
+    return f"{shown}; **{fmt.format(mean)}{spread}**"
 
 
 def cell_text(values: list[Value], fmt: str) -> str:
