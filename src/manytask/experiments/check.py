@@ -5,7 +5,6 @@ on an earlier tree stands as long as its fingerprint holds."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,13 +41,14 @@ def _check_one(experiment: PaperExperiment, workers: Workers) -> Checked:
 
 
 def check(ids: list[str], jobs: int, log: Log) -> list[Checked]:
-    """Every selected experiment's smoke run (those waiting for methods skipped), `jobs` runs at a time."""
+    """Every selected experiment's smoke run (those waiting for methods skipped), its runs `jobs` at a time."""
     chosen = [e for e in select(ids) if not e.waiting_for]
-    with Workers(jobs, lambda _: None) as workers, ThreadPoolExecutor(max(1, len(chosen))) as threads:
-        futures = [threads.submit(_check_one, experiment, workers) for experiment in chosen]
-        checked = []
-        for future in futures:
-            checked.append(future.result())
+    checked = []
+    # One experiment at a time (its runs `jobs` at a time): some runners count FLOPs or draw figures in this
+    # process, under redirected output and torch's thread setting, which are global and must not interleave.
+    with Workers(jobs, lambda _: None) as workers:
+        for experiment in chosen:
+            checked.append(_check_one(experiment, workers))
             log(line(checked[-1]))
     return checked
 
