@@ -114,12 +114,12 @@ def test_render_fails_after_a_hand_edit_and_check_flags_a_moved_default(sandbox:
     assert render.rendered()[render.RESULTS_PAGE] != page.read_text()
     render.render()
 
-    checked = check.check([], 1, lambda _: None)
+    checked = check.check(["sandbox/table1"], 1, lambda _: None)
     assert [c.scales for c in checked] == [{"cpu": "holds"}]
 
     tiny = sandbox / "configs" / "tiny.yaml"  # a default of the experiment's config that moves its numbers
     tiny.write_text(tiny.read_text().replace("lr: 0.05", "lr: 0.02"))
-    checked = check.check([], 1, lambda _: None)
+    checked = check.check(["sandbox/table1"], 1, lambda _: None)
     assert [c.scales for c in checked] == [{"cpu": "stale"}]
     marks, fresh = check.new_marks(checked, "abcdef1234")
     assert fresh == ["sandbox/table1/cpu"]
