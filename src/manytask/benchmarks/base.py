@@ -102,3 +102,15 @@ def record_natural_groups(tasks: Iterable[Task], ids: Sequence[Any]) -> list[Any
             raise ValueError(f"task '{task.name}' has {task.num_train} training samples but {len(groups)} group ids")
         task.metadata["sample_groups"] = groups.astype(np.int64)
     return distinct.tolist()
+
+
+def check_named_tasks(benchmark: str, names: Sequence[str], valid: Sequence[str], kind: str) -> None:
+    """A task list of a benchmark with named tasks: not empty, every name one of `valid` (an unknown one is a
+    `kind` choice: 'digits task'), none twice; each problem one sentence."""
+    if not names:
+        raise ManytaskError(f"benchmark '{benchmark}' needs at least one task; valid tasks: {', '.join(valid)}.")
+    for name in names:
+        if name not in valid:
+            raise unknown_choice(kind, name, list(valid))
+    if len(set(names)) != len(names):
+        raise ManytaskError(f"benchmark '{benchmark}' lists a task twice; give each task at most once.")

@@ -23,9 +23,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from manytask.benchmarks.base import Benchmark
+from manytask.benchmarks.base import Benchmark, check_named_tasks
 from manytask.benchmarks.registry import register_benchmark
-from manytask.errors import ManytaskError, unknown_choice
 from manytask.registry import Params
 from manytask.seeding import numpy_rng
 from manytask.tasks.task import Task, classification_task
@@ -165,17 +164,6 @@ def domain_groups(names: list[str]) -> dict[str, int] | None:
     return {name: index[TASKS[name].domain] for name in names}
 
 
-def _check_tasks(names: list[str]) -> None:
-    if not names:
-        valid = ", ".join(TASKS)
-        raise ManytaskError(f"benchmark 'digits-tasks' needs at least one task; valid tasks: {valid}.")
-    for name in names:
-        if name not in TASKS:
-            raise unknown_choice("digits task", name, list(TASKS))
-    if len(set(names)) != len(names):
-        raise ManytaskError("benchmark 'digits-tasks' lists a task twice; give each task at most once.")
-
-
 def _make_task(
     name: str, images: Images, labels: np.ndarray, split: tuple[np.ndarray, np.ndarray],
     perms: dict[int, np.ndarray],
@@ -190,7 +178,7 @@ def _make_task(
 @register_benchmark("digits-tasks", DigitsParams, "related/conflicting tasks over 8x8 digits (sklearn); 7 by default")
 def digits_tasks(params: DigitsParams, seed: int) -> Benchmark:
     """Build the selected digits tasks over one seeded stratified split of the images."""
-    _check_tasks(params.tasks)
+    check_named_tasks("digits-tasks", params.tasks, list(TASKS), "digits task")
     images, labels = load_images()
     source = None
     if params.holdout > 0:

@@ -27,12 +27,11 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from manytask.benchmarks.base import Benchmark
+from manytask.benchmarks.base import Benchmark, check_named_tasks
 from manytask.benchmarks.digits import load_images, stratified_split
 from manytask.benchmarks.fashion_mnist import DEFAULT_ROOT, load_fashion_mnist
 from manytask.benchmarks.mnist import find_idx_files
 from manytask.benchmarks.registry import register_benchmark
-from manytask.errors import ManytaskError, unknown_choice
 from manytask.registry import Params
 from manytask.seeding import numpy_rng
 from manytask.tasks.task import Task, classification_task
@@ -151,16 +150,6 @@ def domain_groups(names: list[str]) -> dict[str, int] | None:
     return {name: order.index(d) for name, d in zip(names, domains, strict=True)}
 
 
-def _check(names: list[str]) -> None:
-    if not names:
-        raise ManytaskError(f"benchmark 'thirty-tasks' needs at least one task; valid tasks: {', '.join(TASKS)}.")
-    for name in names:
-        if name not in TASKS:
-            raise unknown_choice("thirty-tasks task", name, list(TASKS))
-    if len(set(names)) != len(names):
-        raise ManytaskError("benchmark 'thirty-tasks' lists a task twice; give each task at most once.")
-
-
 def _make_task(name: str, split: Split, permutation: Tensor) -> Task:
     dataset, variant = TASKS[name]
     x_train, y_train, x_test, y_test = split
@@ -192,7 +181,7 @@ def _source(pieces: list[tuple[Tensor, Tensor]], seed: int) -> Task | None:
 def thirty_tasks(params: ThirtyTasksParams, seed: int) -> Benchmark:
     """Build the selected tasks; only the datasets they use are read (both when `source_per_dataset` > 0, as the
     pretraining source holds out images of each)."""
-    _check(params.tasks)
+    check_named_tasks("thirty-tasks", params.tasks, list(TASKS), "thirty-tasks task")
     used = {TASKS[name][0] for name in params.tasks}
     splits: dict[str, Split] = {}
     held: list[tuple[Tensor, Tensor]] = []
