@@ -12,7 +12,8 @@ import pytest
 import torch
 import yaml
 
-from manytask.experiments import feddea
+from manytask.experiments import feddea, feddea_runners
+from manytask.experiments.published import parse_table, published
 from manytask.experiments.runner import Unit
 from manytask.report.runs import RunRecord
 
@@ -25,13 +26,15 @@ def record(label: str, method: str, tasks: dict[str, float], **summary: object) 
     return RunRecord(Path(label), data, list(rows))  # type: ignore[arg-type]
 
 
-def test_the_papers_rows_parse_with_dashes_for_missing_figures() -> None:
-    rows = feddea.paper_rows("fedavg 23.05 -\nfedavg+dea 30.78 10.60", ("mIoU", "Δ%"))
+def test_the_papers_tables_are_read_from_their_files_with_dashes_for_missing_figures() -> None:
+    rows = parse_table("# a note\nlabel\tmIoU\tΔ%\nfedavg\t23.05\t-\nfedavg+dea\t30.78\t10.60\n", "t")
     assert rows == {"fedavg": {"mIoU": 23.05}, "fedavg+dea": {"mIoU": 30.78, "Δ%": 10.60}}
-    with pytest.raises(ValueError, match="has 1 figures for 2 columns"):
-        feddea.paper_rows("fedavg 1", ("a", "b"))
+    with pytest.raises(ValueError, match=r"t\.tsv: row 'fedavg' has 1 figures for 2 columns"):
+        parse_table("label\ta\tb\nfedavg\t1\n", "t")
     assert feddea.TABLE3_NYUD["fedavg+pcgrad"]["Δ%"] == -38.37 and len(feddea.TABLE3_NYUD) == 32
     assert len(feddea.TABLE3_PASCAL) == len(feddea.TABLE5_NYUD) == len(feddea.TABLE5_PASCAL) == 32
+    assert published("feddea_table4")["fedavg+dea-smallest"] == {
+        "semseg mIoU": 1.22, "depth RMSE": 2.1058, "normals mErr": 52.40, "edge odsF": 57.44, "Δ%": -101.96}
     # the control tables show the paper's +DEA Δ% beside both of FedDyn's and FedACG's DEA rules
     assert feddea.deltas_only(feddea.TABLE3_NYUD)["feddyn+dea-paper"] == {"Δ%": 10.75}
 
@@ -70,9 +73,9 @@ def test_convergence_columns_read_the_evaluation_at_a_share_of_the_rounds() -> N
 def test_overlap_of_top_sets_against_hand_counts() -> None:
     # top 1 of 4 entries (fraction 0.25): client a -> {0}, b -> {0}, c -> {3}
     a, b, c = (torch.tensor(v) for v in ([9.0, 1, 1, 1], [-9.0, 1, 1, 1], [1.0, 1, 1, 5]))
-    masks = feddea.top_masks([a, b, c], fraction=0.25)
+    masks = feddea_runners.top_masks([a, b, c], fraction=0.25)
     assert [m.nonzero().flatten().tolist() for m in masks] == [[0], [0], [3]]
-    found = feddea.overlap(masks)
+    found = feddea_runners.overlap(masks)
     assert found["jaccard"] == pytest.approx((1 + 0 + 0) / 3)  # pairs (b, a), (c, a), (c, b)
     assert found["exclusive"] == pytest.approx((0 + 0 + 1) / 3)  # only c's entry is nobody else's
 
@@ -87,7 +90,7 @@ def test_the_control_stages_derive_eq6_and_host_times_c_runs(tmp_path: Path) -> 
     first = [_unit(tmp_path, "fedavg", "fedavg"), _unit(tmp_path, "fedavg+dea", {"name": "fedavg", "plugin": dea}),
              _unit(tmp_path, "feddyn", {"name": "feddyn", "alpha": 0.1}),
              _unit(tmp_path, "feddyn+dea", {"name": "feddyn", "alpha": 0.1, "plugin": dea})]
-    paper_rule = feddea.paper_rule_units(first)
+    paper_rule = feddea_runners.paper_rule_units(first)
     assert [u.label for u in paper_rule] == ["feddyn+dea-paper"]
     assert yaml.safe_load(paper_rule[0].config)["method"] == {
         "name": "feddyn", "alpha": 0.1, "plugin": {**dea, "rule": "paper"}, "label": "feddyn+dea-paper"}
@@ -98,13 +101,13 @@ def test_the_control_stages_derive_eq6_and_host_times_c_runs(tmp_path: Path) -> 
         (unit.out / "summary.json").write_text(json.dumps({"label": unit.label}))
         (unit.out / "metrics.jsonl").write_text("".join(
             json.dumps({"round": i + 1, "fit": {"dea/inflation": v}}) + "\n" for i, v in enumerate(values)))
-    pairs = feddea.host_units(first)
+    pairs = feddea_runners.host_units(first)
     assert [(h.label, d.label) for h, d in pairs] == [("fedavg", "fedavg+dea"), ("feddyn", "feddyn+dea")]
-    scaled = feddea.scaled_units(pairs)
+    scaled = feddea_runners.scaled_units(pairs)
     methods = [yaml.safe_load(u.config)["method"] for u in scaled]
     assert methods[0] == {"name": "fedavg", "server_lr": pytest.approx(1.9), "label": "fedavg×c"}
     assert methods[1] == {"name": "feddyn", "alpha": 0.1, "server_lr": 1.5, "label": "feddyn×c"}
-    ordered = feddea.control_order(first + paper_rule + scaled)
+    ordered = feddea_runners.control_order(first + paper_rule + scaled)
     assert [u.label for u in ordered] == ["fedavg", "fedavg+dea", "fedavg×c", "feddyn", "feddyn+dea", "feddyn×c",
                                           "feddyn+dea-paper"]
 
