@@ -3,7 +3,7 @@ committed result files (`results/ID/SCALE.json`), the stale marks of `check` and
 experiment (`results/ID/verdict.md`). A test renders again and requires the committed pages to be byte-equal, so
 no table is edited by hand.
 
-A method page asks for a table with two marker lines, between which the render writes it:
+A method page asks for a table with two marker lines, between which the render writes it and its verdict:
 
     <!-- table: matu/table2-multi-task cpu -->
     <!-- /table -->
@@ -124,6 +124,8 @@ def fill_markers(text: str) -> str:
             body = [f"*Not measured yet: `manytask reproduce {experiment.id} --scale {scale}`.*"]
         else:
             body = table_block(experiment, scale)
+            text = verdict(experiment.id)
+            body += ["", f"**Verdict.** {text}"] if text else []
         return match.group(1) + "\n".join(body) + "\n" + match.group(5)
 
     return MARKER.sub(filled, text)
