@@ -534,7 +534,7 @@ def fig10_clients_per_round() -> PaperExperiment:
 
 def gap_data() -> PaperExperiment:
     config = "configs/mas/sdnkt_data_4x.yaml"
-    members = ("mas-2", "mas-3", "one-by-one", "all-in-one-fedavg", "all-in-one-fedprox")
+    members = GAP_DATA_SMOKE
     return PaperExperiment(
         id="mas/fig5-gap-data",
         title="Fig. 5's gap: 4x data per client",
