@@ -1,6 +1,6 @@
 """FedDEA's experiments: the paper's tables as data, the measures (Δ% against a member's host, the server step, the
-convergence columns, Fig. 2's overlap of top-10 % sets) against hand-computed values, the server-step control's
-stages on fake runs, and one control table run end to end at smoke scale."""
+convergence columns, Fig. 2's overlap of top-10 % sets, the digits analyses' peak accuracy) against hand-computed
+values, the server-step control's stages on fake runs, and one control table run end to end at smoke scale."""
 
 from __future__ import annotations
 
@@ -68,6 +68,14 @@ def test_convergence_columns_read_the_evaluation_at_a_share_of_the_rounds() -> N
     ahead = record("fedavg+dea", "fedavg", {"semseg": 0.8}, rounds=8, rows=rows)
     # Δ% per round: 0.2/0.4 − 1 = −50, 0, +50, +100 -> mean +25
     assert feddea.mean_delta_over_rounds(ahead, {"fedavg": base}) == pytest.approx(25.0)
+
+
+def test_peak_accuracy_is_the_best_evaluated_average() -> None:
+    rows = [{"round": 5, "average": 0.523}, {"round": 10, "average": 0.142}, {"round": 12, "fit": {"loss": 1.0}},
+            {"round": 15, "average": 0.219}]
+    run = record("feddyn+dea", "feddyn", {"a": 0.219}, rows=rows)
+    assert feddea.peak_accuracy(run, {}) == pytest.approx(52.3)  # round 5's, not the final 21.9
+    assert feddea.peak_accuracy(record("fedavg", "fedavg", {"a": 0.5}), {}) is None  # never evaluated
 
 
 def test_overlap_of_top_sets_against_hand_counts() -> None:

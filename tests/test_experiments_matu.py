@@ -77,6 +77,28 @@ def test_groups_recovered_scores_a_wrong_grouping_below_zero(tmp_path):
     assert matu.groups_recovered("sign")(record({"a": 1.0}), {}) is None  # no checkpoint: another method
 
 
+def test_task_accuracy_reads_one_task_in_percent():
+    run = record({"permuted": 0.75, "digit": 0.5})
+    assert matu.task_accuracy("permuted")(run, {}) == pytest.approx(75.0)
+    assert matu.task_accuracy("rotated")(run, {}) is None  # the run does not have the task
+
+
+def test_sign_similarity_bound_gives_the_lowest_and_highest_pair(tmp_path):
+    run = vectors_run(tmp_path, {"a": 0, "b": 0, "c": 1})  # S: 0.75, 0.25, 0.5
+    assert matu.sign_similarity_bound(highest=False)(run, {}) == pytest.approx(0.25)
+    assert matu.sign_similarity_bound(highest=True)(run, {}) == pytest.approx(0.75)
+    assert matu.sign_similarity_bound(highest=True)(record({"a": 1.0}), {}) is None  # no checkpoint
+
+
+def test_thirty_clients_analysis_runs_the_pages_four_members(monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)
+    todo = matu.units(scale_config(experiment_by_id("matu/analysis-thirty-clients").scale("cpu"), (0,)), tmp_path)
+    assert [u.label for u in todo] == ["matu", "matu-none", "fedavg-per-task", "matfl"]
+    config = yaml.safe_load(todo[1].config)
+    assert config["federation"]["num_clients"] == 30 and config["federation"]["tasks"]["zeta"] == 0.1
+    assert config["method"]["cross_task"] == "none"
+
+
 def test_windows_cover_every_task_and_wrap():
     tasks = [f"t{i}" for i in range(6)]
     assert matu.windows(tasks, 2, 3) == [["t0", "t1", "t2"], ["t3", "t4", "t5"]]

@@ -17,6 +17,7 @@ from manytask.experiments.sfmtl import (
     cumulative_mbit,
     last_communities,
     mbit_per_round,
+    mbit_up_per_round,
     mean_communities,
     mean_test_loss,
     run_in_rounds_of,
@@ -57,6 +58,13 @@ def test_loss_and_bits_by_hand():
     ratio = run_in_rounds_of("sfmtl-graph")
     assert ratio(fedu, runs) == pytest.approx(0.1)  # SFMTL-Graph's whole run is a tenth of one FedU round
     assert ratio(sfmtl, runs) is None and ratio(local, runs) is None  # itself; a member that sends nothing
+
+
+def test_bits_up_per_round_by_hand():
+    sfmtl = record("sfmtl-graph", "sfmtl-graph", rounds=4, bytes_up=30_000, bytes_down=20_000)
+    assert mbit_up_per_round(sfmtl, {}) == pytest.approx(0.06)  # 240 000 bits up over 4 rounds, the down left out
+    assert mbit_up_per_round(record("local", "local", rounds=4, bytes_up=0), {}) == 0.0
+    assert mbit_up_per_round(record("old", "fedu", rounds=4), {}) is None  # a summary without bytes
 
 
 def test_communities_by_hand():

@@ -1,7 +1,8 @@
 """FedDEA's experiments ("Towards Unified Modeling in Federated Multi-Task Learning via Subspace Decoupling"):
 Tables 1-6 and Figs. 2 and 4-8; Table 3 and two tables at the paper's step size with the server-step control the
 results page's verdict rests on (each host with its server step scaled by DEA's logged norm inflation); the test of
-the likeliest cause of the PCGrad gap. The two runners they need are in `feddea_runners.py`, the paper's tables in
+the likeliest cause of the PCGrad gap; three analyses of the hosts × plug-ins grid on six digits tasks
+(docs/hosts_and_plugins.md). The two runners they need are in `feddea_runners.py`, the paper's tables in
 `published/feddea_*.tsv`.
 
 The paper never states the ρ of its tables (its Fig. 4 sweeps 10-100 % and shows an interior optimum, in a picture
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from manytask.experiments.feddea_runners import INFLATION, STATEFUL, overlap_at
-from manytask.experiments.measures import fit_mean
+from manytask.experiments.measures import accuracy, fit_mean
 from manytask.experiments.published import published
 from manytask.experiments.spec import Column, Measure, PaperExperiment, Scale, Value, paper, register
 from manytask.report.runs import RunRecord
@@ -382,4 +383,64 @@ register(
     convergence("feddea/fig8-convergence-hosts-resnet18", "Fig. 8: Fig. 6 with ResNet-18",
                 "FedAvg, FedProx and FedDyn alone and with DEA on a ResNet-18 encoder, along the rounds.",
                 HOST_DEA_MEMBERS, resnet=True),
+)
+
+# --- the digits analyses (docs/hosts_and_plugins.md) ------------------------------------------------------------
+
+
+def peak_accuracy(record: RunRecord, _: Mapping[str, RunRecord]) -> Value:
+    """The best average over tasks (in %) of any evaluated round: where a member that collapses stood before."""
+    from manytask.report.runs import accuracy_curve
+
+    _, values = accuracy_curve(record)
+    return 100 * max(values) if values else None
+
+
+DIGITS_GRID = "configs/feddea/digits_hosts_plugins.yaml"
+DIGITS_SMOKE = ("rounds=2", "eval_every=2")
+DIGITS_HOSTS = ("method=[fedavg, feddyn, fedacg]",)
+DIGITS_NOTE = ("Not one of the paper's tables: its Table 3 grid on an offline stand-in with one task per client, the "
+               "paper's setting. Six `digits-tasks` tasks (digit, parity, rotated, inverted, mod3, permuted), one "
+               "client each with all its training data, every client every round, 30 rounds of one local epoch of "
+               "SGD (lr 0.05, momentum 0.9, batch 32), an MLP [64] with BatchNorm; DEA at ρ = 0.3.")
+DIGITS_VARIANTS = ("plugins=[none, {name: dea, rho: 0.3, label: dea}, {name: dea, rho: 0.3, rescale: false, label: "
+                   "dea-no-rescale}, {name: dea, rho: 0.3, select: random, label: dea-random}, {name: dea, rho: 0.3, "
+                   "select: smallest, label: dea-smallest}, {name: dea, rho: 0.1, label: dea-10}, {name: dea, rho: "
+                   "0.6, label: dea-60}]",)
+DIGITS_RHO = ("plugins=[none, " + ", ".join(f"{{name: dea, rho: {r / 10:g}, label: dea-{10 * r}}}" for r in (5, 6, 8))
+              + "]",)
+ACCURACY_COLUMN = Column("accuracy %", accuracy)
+PEAK_COLUMN = Column("peak accuracy %", peak_accuracy)
+CONFLICTS_COLUMN = Column("conflicting pairs per round", fit_mean("pcgrad/conflicts"))
+
+register(
+    PaperExperiment(
+        id="feddea/analysis-digits-grid", title="Analysis: eight hosts × DEA, PCGrad and FedHEAL on six digits tasks",
+        shows="each of the eight hosts alone and with DEA (ρ = 0.3), PCGrad and FedHEAL, one client per task: the "
+              "final and the best evaluated average accuracy, Δ% against the host, DEA's norm inflation c, the "
+              "upload per round and how many of the 15 client pairs PCGrad finds in conflict per round.",
+        columns=(ACCURACY_COLUMN, PEAK_COLUMN, DELTA_COLUMN, STEP_COLUMN, UPLOAD_COLUMN, CONFLICTS_COLUMN),
+        scales={"smoke": Scale(DIGITS_GRID, DIGITS_SMOKE, members=grid_members(("feddyn",))),
+                "cpu": Scale(DIGITS_GRID, seeds=CPU_SEEDS)},
+        paper_note=DIGITS_NOTE),
+    PaperExperiment(
+        id="feddea/analysis-digits-dea-variants",
+        title="Analysis: which part of DEA breaks FedDyn and FedACG on six digits tasks",
+        shows="FedAvg, FedDyn and FedACG with DEA at ρ = 0.3, without its 1/ρ rescale, with a random mask or the "
+              "smallest entries instead of the largest, and at ρ = 0.1 and 0.6: Δ% against the host and DEA's norm "
+              "inflation c.",
+        columns=(DELTA_COLUMN, STEP_COLUMN),
+        scales={"smoke": Scale(DIGITS_GRID, (*DIGITS_SMOKE, *DIGITS_HOSTS, *DIGITS_VARIANTS),
+                               members=("feddyn", "feddyn+dea", "feddyn+dea-no-rescale", "feddyn+dea-smallest")),
+                "cpu": Scale(DIGITS_GRID, (*DIGITS_HOSTS, *DIGITS_VARIANTS))},  # seed 0: 3 seeds ~24 min
+        paper_note=DIGITS_NOTE),
+    PaperExperiment(
+        id="feddea/analysis-digits-rho", title="Analysis: DEA at ρ = 0.5, 0.6 and 0.8 on six digits tasks",
+        shows="FedAvg, FedDyn and FedACG alone and with DEA at ρ = 0.5, 0.6 and 0.8: Δ% against the host, DEA's "
+              "norm inflation c and the upload per round.",
+        columns=(DELTA_COLUMN, STEP_COLUMN, UPLOAD_COLUMN),
+        scales={"smoke": Scale(DIGITS_GRID, (*DIGITS_SMOKE, *DIGITS_HOSTS, *DIGITS_RHO),
+                               members=("feddyn", "feddyn+dea-50", "feddyn+dea-80")),
+                "cpu": Scale(DIGITS_GRID, (*DIGITS_HOSTS, *DIGITS_RHO), seeds=CPU_SEEDS)},
+        paper_note=DIGITS_NOTE),
 )

@@ -202,6 +202,30 @@ def mean_sign_similarity(within: bool) -> Measure:
     return measure
 
 
+def task_accuracy(task: str) -> Measure:
+    """The member's final main metric on one task, in % (accuracy for a classification task); None where the run
+    does not have the task."""
+
+    def measure(record: RunRecord, _: Mapping[str, RunRecord]) -> Value:
+        metric = (record.summary.get("main_metric") or {}).get(task, "accuracy")
+        value = ((record.summary.get("tasks") or {}).get(task) or {}).get(metric)
+        return None if value is None else 100 * float(value)
+
+    return measure
+
+
+def sign_similarity_bound(highest: bool) -> Measure:
+    """The highest (`highest`) or lowest S over pairs of the member's final task vectors: where every pair is
+    above MaTU's ε = 0.5, its neighbour graph is connected."""
+
+    def measure(record: RunRecord, _: Mapping[str, RunRecord]) -> Value:
+        found = task_vectors(record)
+        pairs = off_diagonal(sign_similarity(found[1])) if found is not None else []
+        return (max if highest else min)(pairs) if pairs else None
+
+    return measure
+
+
 # ---------------------------------------------------------------- runners
 
 SHARED_MEMBERS = (REFERENCE,)  # members no config of a set or k changes: run once, under their own label
@@ -464,5 +488,68 @@ register(
                    "with no conflict, `uniform` worse under conflicts, `none` lower (a plot, no numbers printed; it "
                    "has no `sum` variant). Here: " + DIGITS + ", the default job's federation (10 clients, Dirichlet "
                    "task allocation), 20 rounds.",
+    ),
+)
+
+
+# ---------------------------------------------------------------- our analyses around the paper
+
+ANALYSIS_SMOKE = ("rounds=2", "eval_every=2")
+THIRTY_CLIENTS = ("federation.num_clients=30", "federation.tasks.zeta=0.1",
+                  "method=[matu, {name: matu, cross_task: none, label: matu-none}, "
+                  "{name: fedavg, per_task: true, label: fedavg-per-task}, matfl]")
+DOMAINS_SINGLE = "configs/matu/digits_domains_single_task.yaml"
+DOMAINS_MULTI = "configs/matu/digits_domains_multi_task.yaml"
+UNIFICATION = "configs/matu/digits_domains_unification_ablation.yaml"
+S_RANGE = (Column("S, lowest pair", sign_similarity_bound(highest=False), fmt="{:.2f}"),
+           Column("S, highest pair", sign_similarity_bound(highest=True), fmt="{:.2f}"))
+DOMAINS = ("the 9 domains tasks (3 fixed pixel permutations × digit, parity and mod-3 labels), an MLP pretrained on "
+           "held-out digits with LoRA r = 8")
+
+register(
+    PaperExperiment(
+        id="matu/analysis-thirty-clients",
+        title="Analysis: thirty clients with few tasks each",
+        shows="the default job with 30 clients holding 1-4 tasks each (ζ_t = 0.1): MaTU with and without its "
+              "cross-task term against one FedAvg model per task and MaT-FL, the accuracy on `permuted` (the task "
+              "whose inputs share nothing with the pretraining) and the range of S over task pairs.",
+        columns=(ACCURACY, Column("permuted %", task_accuracy("permuted")), *S_RANGE),
+        scales={"smoke": Scale("configs/matu/digits_multi_task.yaml", (*THIRTY_CLIENTS, *SMOKE)),
+                "cpu": Scale("configs/matu/digits_multi_task.yaml", THIRTY_CLIENTS, seeds=(0, 1, 2))},
+        paper_note=f"Not in the paper. {DIGITS}; 30 clients, Dirichlet task allocation ζ_t = 0.1, every client every "
+                   "round (not the paper's ξ = 0.2: `matu/table2-paper-shape`), 20 rounds of one local epoch.",
+    ),
+    PaperExperiment(
+        id="matu/analysis-domains-single-task",
+        title="Analysis: three input domains, single-task clients",
+        shows="accuracy with one task per client on a benchmark of three conflicting task clusters (input domains), "
+              "MaTU with and without its cross-task term against one FedAvg model per task, MaT-FL and individual "
+              "training, and how well MaTU's S finds the domains.",
+        columns=(ACCURACY, Column("ARI of S vs domains", groups_recovered("sign"), fmt="{:.2f}")),
+        scales={"smoke": Scale(DOMAINS_SINGLE, (*ANALYSIS_SMOKE, "federation.num_clients=9")),
+                "cpu": Scale(DOMAINS_SINGLE, seeds=(0, 1, 2))},
+        paper_note=f"Not in the paper. {DOMAINS}; 36 clients, 4 per task, every client every round, 20 rounds.",
+    ),
+    PaperExperiment(
+        id="matu/analysis-domains-multi-task",
+        title="Analysis: three input domains, multi-task clients",
+        shows="the domains benchmark with multi-task clients (Dirichlet task allocation, ζ_t = 0.5): accuracy and "
+              "upload of MaTU with and without its cross-task term against one FedAvg model per task and MaT-FL, "
+              "and the range of S over task pairs.",
+        columns=(ACCURACY, BITS, *S_RANGE),
+        scales={"smoke": Scale(DOMAINS_MULTI, SMOKE, members=("matu", "matu-none", "fedavg", "matfl")),
+                "cpu": Scale(DOMAINS_MULTI, seeds=(0, 1, 2), members=("matu", "matu-none", "fedavg", "matfl"))},
+        paper_note=f"Not in the paper. {DOMAINS}; 10 clients, ζ_t = 0.5, every client every round, 20 rounds.",
+    ),
+    PaperExperiment(
+        id="matu/analysis-unification",
+        title="Analysis: what unification costs",
+        shows="MaTU as published against MaTU with `unify: false` (one float vector per task both ways), each with "
+              "and without its cross-task term, and one FedAvg model per task, on the domains benchmark with "
+              "multi-task clients: accuracy and upload.",
+        columns=(ACCURACY, BITS),
+        scales={"smoke": Scale(UNIFICATION, SMOKE), "cpu": Scale(UNIFICATION, seeds=(0, 1, 2))},
+        paper_note=f"Not in the paper (`unify: false` is our ablation). {DOMAINS}; the federation of "
+                   "`digits_domains_multi_task.yaml`: 10 clients, ζ_t = 0.5, every client every round, 20 rounds.",
     ),
 )

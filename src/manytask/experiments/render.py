@@ -28,11 +28,12 @@ MARKER = re.compile(r"(<!-- table: (\S+) (\S+) -->\n)(.*?)(<!-- /table -->)", re
 INTRO = """\
 # Results: each paper's claim against ours
 
-Every table and figure of the five papers is an experiment with an id (`manytask experiments` lists them) and three
-scales: `smoke` proves the pipeline in seconds, `cpu` is the offline stand-in measured here, `paper` is the papers'
-data and backbones for a GPU. `manytask reproduce ID --scale cpu` runs one and writes `results/ID/cpu.json`: every
-member's value per seed, the paper's numbers, and where the numbers came from (tree, machine, torch, config hashes,
-wall time). This page is generated from those files and a short hand-written verdict per experiment.
+Every table and figure of the five papers, and every analysis of ours around them (controls, gap tests, the
+stand-ins' own tables), is an experiment with an id (`manytask experiments` lists them) and three scales: `smoke`
+proves the pipeline in seconds, `cpu` is the offline stand-in measured here, `paper` is the papers' data and
+backbones for a GPU. `manytask reproduce ID --scale cpu` runs one and writes `results/ID/cpu.json`: every member's
+value per seed, the paper's numbers, and where the numbers came from (tree, machine, torch, config hashes, wall
+time). This page is generated from those files and a short hand-written verdict per experiment.
 
 Each result file records the fingerprint of its experiment's `smoke` run on the tree that measured it.
 `manytask reproduce check` reruns every smoke run; a table whose fingerprint moved is marked **stale** below until it

@@ -45,7 +45,9 @@ class Column:
 
 @dataclass(frozen=True)
 class PaperExperiment:
-    """A table or figure of one of the five papers.
+    """A table or figure of one of the five papers, or one of our analyses around it (a control, a gap test, a
+    stand-in's own table: ids `<paper>/analysis-...` and `...-gap-...`), so that every result table a page shows
+    is generated.
 
     `paper_numbers` maps our member labels (or the paper's row names where we have no such member) to the
     paper's figure per column; `waiting_for` names methods the library does not have yet (the experiment is
