@@ -13,10 +13,10 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from manytask.bench import engine_runner
+from manytask.bench.paper_scale import PAPER_CONFIG, member_config
+from manytask.bench.timing import engine_runner
 from manytask.config import resolve
 from manytask.method_entry import method_label
-from manytask.paper_scale import PAPER_CONFIG, member_config
 
 
 def main() -> None:

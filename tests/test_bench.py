@@ -67,7 +67,7 @@ def test_only_measures_the_parts_asked_for_and_names_the_valid_ones(tmp_path):
 
 
 def test_interleaved_runs_take_turns_and_report_their_fastest_block(monkeypatch):
-    from manytask import bench
+    from manytask.bench import timing as bench
 
     clock, calls = [0.0], []
     costs = {"a": iter([9.0, 2.0, 1.0, 3.0]), "b": iter([9.0, 5.0, 50.0, 4.0])}  # warm-up, then three blocks each
@@ -85,7 +85,7 @@ def test_interleaved_runs_take_turns_and_report_their_fastest_block(monkeypatch)
 
 
 def test_paired_rounds_rotate_the_order_and_the_ratio_is_the_median_over_turns(monkeypatch):
-    from manytask import bench
+    from manytask.bench import timing as bench
 
     clock, calls = [0.0], []
     # warm-up, then four turns; in turn 2 the machine is twice as slow for both, in turn 3 a burst hits a alone
@@ -105,8 +105,8 @@ def test_paired_rounds_rotate_the_order_and_the_ratio_is_the_median_over_turns(m
 
 
 def test_the_paper_scale_part_times_every_member_against_the_bare_loop():
-    from manytask.bench_tables import tables
-    from manytask.paper_scale import paper_members
+    from manytask.bench.paper_scale import paper_members
+    from manytask.bench.tables import tables
 
     small = ["benchmark.source=digits", "benchmark.num_clients=4", "federation.num_clients=4",
              "train.local_epochs=1"]
@@ -129,7 +129,7 @@ def test_the_paper_scale_part_times_every_member_against_the_bare_loop():
 def test_the_bare_round_takes_its_epochs_and_clips_its_gradients():
     import torch
 
-    from manytask.bench import bare_round
+    from manytask.bench.timing import bare_round
     from manytask.tasks.task import TaskKind, TaskSpec
 
     steps = []
@@ -158,8 +158,8 @@ def test_the_scale_part_times_phased_and_dense_methods_after_their_warm_up():
     """The scale checks' machinery on tiny stand-ins: TaLoS timed from its first sparse round (two warm-up rounds),
     FedAvg + DEA on encoder–decoders with BatchNorm decoders, each against a bare loop taking each task's own loss;
     one paper-scale table per check."""
-    from manytask.bench_tables import tables
-    from manytask.paper_scale import scale_members
+    from manytask.bench.paper_scale import scale_members
+    from manytask.bench.tables import tables
 
     checks = {
         "talos": ("configs/talos/scene_objects_protocol.yaml", [

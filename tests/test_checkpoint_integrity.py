@@ -269,8 +269,8 @@ def test_states_that_are_rows_of_one_stack_are_written_from_where_they_lie(tmp_p
     """A batched round leaves client states as views of stacked tensors: they are written without one aten copy
     (safetensors' own writer refuses tensors sharing memory), read back equal, with every dtype a checkpoint holds;
     only a strided tensor is packed."""
+    from manytask.bench.kernels import counted
     from manytask.engine.checkpoint import Checkpoint
-    from manytask.kernels import counted
 
     stack = torch.randn(4, 3, 2, generator=torch.Generator().manual_seed(0))
     clients = {c: {"w": stack[c], "n": torch.tensor(c), "h": stack[c].to(torch.bfloat16), "on": torch.tensor(c > 1)}

@@ -47,7 +47,7 @@ def test_copies_of_every_dtype_in_a_reused_buffer_dispatch_no_op_per_tensor(tmp_
     """Successive checkpoints, larger and smaller, of every stored dtype and an empty tensor, each read back as saved
     though they share one buffer; copying CPU tensors dispatches no aten op, so a round's kernel count (which holds
     its checkpoint) does not grow with the clients' states."""
-    from manytask.kernels import counted
+    from manytask.bench.kernels import counted
 
     def state(seed: int, clients: int) -> Checkpoint:
         g = torch.Generator().manual_seed(seed)

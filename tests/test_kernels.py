@@ -4,8 +4,8 @@ as a round of 4 under execution auto (the count is deterministic: no timing invo
 import pytest
 import torch
 
+from manytask.bench.kernels import KERNEL_METHODS, counted, kernel_config, round_kernels
 from manytask.experiment import Experiment
-from manytask.kernels import KERNEL_METHODS, counted, kernel_config, round_kernels
 
 
 def test_the_counter_counts_non_view_ops_and_host_syncs():

@@ -135,7 +135,7 @@ def test_a_round_with_dropout_trains_batched_to_each_clients_sequential_result(a
 
 def test_a_batched_round_with_dropout_dispatches_as_many_kernels_for_16_clients_as_for_4():
     pytest.importorskip("transformers")
-    from manytask.kernels import counted
+    from manytask.bench.kernels import counted
 
     trainer = Trainer(TrainConfig(lr=0.05, batch_size=4, local_steps=3), SPECS)
     template = build_model(*VIT, (3, 16, 16), SPECS, seed=0)

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
+from manytask.bench.kernels import counted
 from manytask.config import validate
 from manytask.engine.checkpoint import load_checkpoint
-from manytask.kernels import counted
 from manytask.launch import resume, run_config
 from manytask.methods.manytask.sfmtl_math import anchor_step, random_graph
 from manytask.models import build_model

@@ -163,8 +163,8 @@ def bench(
     and vectorized, against a bare PyTorch loop doing the same SGD steps, at 30 and 100 clients; two worker processes
     against one; peak memory at 1 000 and 10 000 clients; MaTU's and SFMTL-Graph's server steps; Flower's simulation
     against the local engine (when Flower is installed)."""
-    from manytask.bench import DEFAULT_PARTS, run_bench
-    from manytask.bench_tables import tables
+    from manytask.bench.harness import DEFAULT_PARTS, run_bench
+    from manytask.bench.tables import tables
     from manytask.report import rich_table
 
     def body() -> None:

@@ -143,7 +143,7 @@ def round_kernels(config: RunConfig, counted_round: int = 1) -> KernelCounter:
     """The ops of one training round of `config` (`counted_round`, 0-based, at least 1): a fresh run to its end
     minus a fresh run to the round before (so the count holds no set-up, no evaluation and no checkpoint read, only
     that round's work)."""
-    from manytask.bench import engine_runner  # the bench imports this module
+    from manytask.bench.timing import engine_runner
 
     counts = []
     for rounds in (counted_round, counted_round + 1):

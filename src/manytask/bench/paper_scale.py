@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from manytask.bench import bare_rounds, engine_runner
+from manytask.bench.timing import bare_rounds, engine_runner
 from manytask.config import RunConfig, resolve
 from manytask.devices import resolve_device
 from manytask.engine.sampling import clients_per_round

@@ -149,7 +149,7 @@ def compute_limit(turns: int = 15) -> dict[str, Any]:
     rounds side by side, the order swapped from turn to turn), so that each of the two follows itself and the other
     equally often: a round that runs right after the concatenated loop's 640-sample round pays for faulting its
     freed activations back in (about 2 % on this project's 2-core VM)."""
-    from manytask.bench import engine_runner, paired_ratio, paired_rounds
+    from manytask.bench.timing import engine_runner, paired_ratio, paired_rounds
 
     torch.set_num_threads(1)
     total = turns + 3
@@ -170,7 +170,7 @@ def member_limits(turns: int = 15) -> list[dict[str, Any]]:
     """Per member of `SFMTL_MEMBERS`: its batched round and the concatenated loop of its steps, side by side
     (`paired_rounds`), the median paired ratio, which the project holds to ≤ 1.5, and the checkpoint's share of the
     batched round (the personal members checkpoint a model per client)."""
-    from manytask.bench import engine_runner, paired_ratio, paired_rounds
+    from manytask.bench.timing import engine_runner, paired_ratio, paired_rounds
 
     torch.set_num_threads(1)
     total = turns + 3
