@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from manytask.config import to_yaml, validate
+from manytask.experiments.measures import upload_per_round
 from manytask.experiments.runner import Unit
 from manytask.experiments.sfmtl import (
     cumulative_mbit,
     last_communities,
     mbit_per_round,
-    mbit_up_per_round,
     mean_communities,
     mean_test_loss,
     run_in_rounds_of,
@@ -40,6 +40,8 @@ PERSONAL = {
     "model": {"backbone": "mlp", "hidden": [16]},
 }
 
+
+mbit_up_per_round = upload_per_round(8e-6)  # bits up per round, in Mbit
 
 def record(label: str, method: str, tmp: Path | None = None, metrics: list[dict[str, Any]] | None = None,
            **summary: Any) -> RunRecord:

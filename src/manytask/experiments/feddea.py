@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from manytask.experiments.feddea_runners import INFLATION, STATEFUL, overlap_at
-from manytask.experiments.measures import accuracy, fit_mean
+from manytask.experiments.measures import accuracy, fit_mean, upload_per_round
 from manytask.experiments.published import published
-from manytask.experiments.spec import Column, Measure, PaperExperiment, Scale, Value, paper, register
+from manytask.experiments.spec import TWO_ROUNDS, Column, Measure, PaperExperiment, Scale, Value, paper, register
 from manytask.report.runs import RunRecord
 
 paper("feddea", "FedDEA: decoupled aggregation as a plug-in for eight hosts",
@@ -76,13 +76,6 @@ def server_step(record: RunRecord, runs: Mapping[str, RunRecord]) -> Value:
         return fit_mean(INFLATION)(record, runs)
     step = float((record.summary.get("method_params") or {}).get("server_lr", 1.0))
     return None if step == 1.0 else step
-
-
-def upload_kb(record: RunRecord, _: Mapping[str, RunRecord]) -> Value:
-    """Kilobytes every client together uploads per round."""
-    rounds = record.summary.get("engine_rounds") or record.summary.get("rounds")
-    sent = record.summary.get("bytes_up")
-    return None if not rounds or sent is None else float(sent) / float(rounds) / 1000
 
 
 def round_at(record: RunRecord, fraction: float) -> int:
@@ -150,11 +143,11 @@ PASCAL_METRICS = (Column("semseg mIoU", task_metric("semseg", "miou", 100)),
                   Column("edge odsF", task_metric("edge", "odsf", 100)))
 DELTA_COLUMN = Column(DELTA, delta_against_host, fmt="{:+.1f}")
 STEP_COLUMN = Column("c (server step ×)", server_step, fmt="{:.2f}")
-UPLOAD_COLUMN = Column("upload kB/round", upload_kb, fmt="{:.0f}")
+UPLOAD_COLUMN = Column("upload kB/round", upload_per_round(1e-3), fmt="{:.0f}")
 
 # --- scales -----------------------------------------------------------------------------------------------------
 
-SMOKE = ("rounds=2", "eval_every=2", "benchmark.train_per_task=8", "benchmark.test_size=8", "benchmark.size=8",
+SMOKE = (*TWO_ROUNDS, "benchmark.train_per_task=8", "benchmark.test_size=8", "benchmark.size=8",
          "train.warmup_rounds=1", "model.channels=[4,8,8]", "model.decoder.width=4")
 NYUD_DATA = ("data/NYUD_MT", "checkpoints/swin-tiny")
 PASCAL_DATA = ("data/PASCAL_MT", "checkpoints/swin-tiny")
@@ -188,8 +181,15 @@ RESNET = ("model={backbone: resnet18, weights: checkpoints/resnet18.safetensors,
 RESNET_SMOKE = ("model={backbone: resnet18, width: 4, stem: small, norm: batch, decoder: {width: 4}}",)
 UNIFIED = ("method=[local, {name: fedavg, plugin: {name: dea, rho: 0.5}}, {name: fedprox, plugin: {name: dea, "
            "rho: 0.5}}]", "plugins=null")
-RHO_SWEEP = ("plugins=[none, " + ", ".join(f"{{name: dea, rho: {r / 10:g}, label: dea-{10 * r}}}" for r in range(1, 11))
-             + "]",)
+
+
+def rho_plugins(tenths: tuple[int, ...] | range) -> tuple[str]:
+    """The override of no plug-in and DEA at each ρ = t/10, labelled `dea-<ρ in %>`."""
+    return ("plugins=[none, " + ", ".join(f"{{name: dea, rho: {t / 10:g}, label: dea-{10 * t}}}" for t in tenths)
+            + "]",)
+
+
+RHO_SWEEP = rho_plugins(range(1, 11))
 RESNET_TABLE_NOTE = ("The paper: ResNet-18 (ImageNet weights) with one FCN decoder per task, otherwise Table 3's "
                      "setting. No CPU stand-in: the smoke scale runs a ResNet-18 of width 4 on tiny `scenes`.")
 GRID_SHOWS = ("each host alone, with each plug-in, with its server step scaled by the norm inflation c that DEA "
@@ -397,7 +397,6 @@ def peak_accuracy(record: RunRecord, _: Mapping[str, RunRecord]) -> Value:
 
 
 DIGITS_GRID = "configs/feddea/digits_hosts_plugins.yaml"
-DIGITS_SMOKE = ("rounds=2", "eval_every=2")
 DIGITS_HOSTS = ("method=[fedavg, feddyn, fedacg]",)
 DIGITS_NOTE = ("Not one of the paper's tables: its Table 3 grid on an offline stand-in with one task per client, the "
                "paper's setting. Six `digits-tasks` tasks (digit, parity, rotated, inverted, mod3, permuted), one "
@@ -407,8 +406,7 @@ DIGITS_VARIANTS = ("plugins=[none, {name: dea, rho: 0.3, label: dea}, {name: dea
                    "dea-no-rescale}, {name: dea, rho: 0.3, select: random, label: dea-random}, {name: dea, rho: 0.3, "
                    "select: smallest, label: dea-smallest}, {name: dea, rho: 0.1, label: dea-10}, {name: dea, rho: "
                    "0.6, label: dea-60}]",)
-DIGITS_RHO = ("plugins=[none, " + ", ".join(f"{{name: dea, rho: {r / 10:g}, label: dea-{10 * r}}}" for r in (5, 6, 8))
-              + "]",)
+DIGITS_RHO = rho_plugins((5, 6, 8))
 ACCURACY_COLUMN = Column("accuracy %", accuracy)
 PEAK_COLUMN = Column("peak accuracy %", peak_accuracy)
 CONFLICTS_COLUMN = Column("conflicting pairs per round", fit_mean("pcgrad/conflicts"))
@@ -420,7 +418,7 @@ register(
               "final and the best evaluated average accuracy, Δ% against the host, DEA's norm inflation c, the "
               "upload per round and how many of the 15 client pairs PCGrad finds in conflict per round.",
         columns=(ACCURACY_COLUMN, PEAK_COLUMN, DELTA_COLUMN, STEP_COLUMN, UPLOAD_COLUMN, CONFLICTS_COLUMN),
-        scales={"smoke": Scale(DIGITS_GRID, DIGITS_SMOKE, members=grid_members(("feddyn",))),
+        scales={"smoke": Scale(DIGITS_GRID, TWO_ROUNDS, members=grid_members(("feddyn",))),
                 "cpu": Scale(DIGITS_GRID, seeds=CPU_SEEDS)},
         paper_note=DIGITS_NOTE),
     PaperExperiment(
@@ -430,7 +428,7 @@ register(
               "smallest entries instead of the largest, and at ρ = 0.1 and 0.6: Δ% against the host and DEA's norm "
               "inflation c.",
         columns=(DELTA_COLUMN, STEP_COLUMN),
-        scales={"smoke": Scale(DIGITS_GRID, (*DIGITS_SMOKE, *DIGITS_HOSTS, *DIGITS_VARIANTS),
+        scales={"smoke": Scale(DIGITS_GRID, (*TWO_ROUNDS, *DIGITS_HOSTS, *DIGITS_VARIANTS),
                                members=("feddyn", "feddyn+dea", "feddyn+dea-no-rescale", "feddyn+dea-smallest")),
                 "cpu": Scale(DIGITS_GRID, (*DIGITS_HOSTS, *DIGITS_VARIANTS))},  # seed 0: 3 seeds ~24 min
         paper_note=DIGITS_NOTE),
@@ -439,7 +437,7 @@ register(
         shows="FedAvg, FedDyn and FedACG alone and with DEA at ρ = 0.5, 0.6 and 0.8: Δ% against the host, DEA's "
               "norm inflation c and the upload per round.",
         columns=(DELTA_COLUMN, STEP_COLUMN, UPLOAD_COLUMN),
-        scales={"smoke": Scale(DIGITS_GRID, (*DIGITS_SMOKE, *DIGITS_HOSTS, *DIGITS_RHO),
+        scales={"smoke": Scale(DIGITS_GRID, (*TWO_ROUNDS, *DIGITS_HOSTS, *DIGITS_RHO),
                                members=("feddyn", "feddyn+dea-50", "feddyn+dea-80")),
                 "cpu": Scale(DIGITS_GRID, (*DIGITS_HOSTS, *DIGITS_RHO), seeds=CPU_SEEDS)},
         paper_note=DIGITS_NOTE),

@@ -21,7 +21,7 @@ import yaml
 from manytask.config import RunConfig
 from manytask.experiments.measures import engine_rounds, summary_key
 from manytask.experiments.runner import RUNNERS, Unit, Workers, run_with_estimate, units
-from manytask.experiments.spec import Column, Measure, PaperExperiment, Scale, Value, paper, register
+from manytask.experiments.spec import TWO_ROUNDS, Column, Measure, PaperExperiment, Scale, Value, paper, register
 from manytask.report.runs import RunRecord
 
 paper("mas", "MAS: Towards Resource-Efficient Federated Multiple-Task Learning",
@@ -249,7 +249,7 @@ SDNKT = ("semseg", "depth", "normals", "keypoints", "texture_edges")
 SDNKTERCA = (*SDNKT, "occlusion_edges", "reshading", "curvature", "autoencoding")
 ERCKT = ("occlusion_edges", "reshading", "curvature", "keypoints", "texture_edges")
 # every smoke run: 4 buildings of 16x16 images, 2 rounds of 2 clients
-SMOKE = ("rounds=2", "eval_every=2", "benchmark.size=16", "benchmark.buildings=4", "federation.num_clients=4",
+SMOKE = (*TWO_ROUNDS, "benchmark.size=16", "benchmark.buildings=4", "federation.num_clients=4",
          "benchmark.train_per_task=32", "benchmark.test_size=8", "clients_per_round=2")
 
 

@@ -26,7 +26,7 @@ from manytask.experiments.runner import (
     scale_config,
     units,
 )
-from manytask.experiments.spec import Column, Measure, PaperExperiment, Scale, Value, paper, register
+from manytask.experiments.spec import TWO_ROUNDS, Column, Measure, PaperExperiment, Scale, Value, paper, register
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -39,7 +39,7 @@ paper("matu", "MaTU: many-task federated fine-tuning via unified task vectors",
       "similarity, beats FedAvg, FedProx, NTK-FedAvg, FedPer and MaT-FL on single-task and multi-task clients, "
       "at a fraction of their upload.")
 
-SMOKE = ("rounds=2", "eval_every=2", "federation.num_clients=4")
+SMOKE = (*TWO_ROUNDS, "federation.num_clients=4")
 ACCURACY = Column("accuracy %", accuracy)
 BITS = Column("bits per task per round", summary_key("bits_per_task_per_round", 1e-6), fmt="{:.3f} M")
 
@@ -357,7 +357,7 @@ PAPER_TABLES = ("The paper: ViT-B/32 with LoRA r = 16 on 8 vision datasets, N = 
                 "of E = 1 step (MaT-FL: 300).")
 DIGITS = "the offline `digits-tasks` stand-in (6 tasks), an MLP pretrained on held-out digits with LoRA r = 8"
 FASHION_MNIST = ("/usr/share/datasets/fashion-mnist",)  # the 30 tasks' second dataset: Debian's package
-THIRTY_SMOKE = ("rounds=2", "eval_every=2", "benchmark.train_per_dataset=60", "benchmark.test_per_dataset=30",
+THIRTY_SMOKE = (*TWO_ROUNDS, "benchmark.train_per_dataset=60", "benchmark.test_per_dataset=30",
                 "benchmark.source_per_dataset=60", "benchmark.tasks=[digits, digits-rotated-parity, "
                 "digits-permuted-mod3, fashion, fashion-inverted-parity, fashion-mirrored-mod3]")
 RELATEDNESS = (Column("r(S, cosine)", pearson_sign_against("cosine"), fmt="{:.2f}"),
@@ -374,7 +374,7 @@ register(
               "FedProx, NTK-FedAvg, FedPer, MaT-FL and individual training.",
         columns=(ACCURACY, BITS),
         scales={"smoke": Scale("configs/matu/digits_single_task.yaml",
-                               ("rounds=2", "eval_every=2", "federation.num_clients=6")),
+                               (*TWO_ROUNDS, "federation.num_clients=6")),
                 "cpu": Scale("configs/matu/digits_single_task.yaml", seeds=(0, 1, 2)),
                 "paper": Scale(VISION8, (ONE_TASK_PER_CLIENT,), needs=VISION8_NEEDS)},
         paper_numbers=TABLE1,
@@ -403,7 +403,7 @@ register(
               "(ξ = 0.2) for 100 rounds.",
         columns=(ACCURACY, BITS),
         scales={"smoke": Scale("configs/matu/digits_multi_task_paper_shape.yaml",
-                               ("rounds=2", "eval_every=2", "federation.num_clients=10")),
+                               (*TWO_ROUNDS, "federation.num_clients=10")),
                 "cpu": Scale("configs/matu/digits_multi_task_paper_shape.yaml", seeds=(0, 1, 2))},
         paper_numbers={k: v for k, v in TABLE2.items() if k in ("matu", "fedavg-per-task", "matfl", "individual")},
         paper_note=f"{PAPER_TABLES} Here: {DIGITS}, N = 30, ζ_t = 0.5, ζ_c = 0.1, ξ = 0.2, 100 rounds of one local "
@@ -416,7 +416,7 @@ register(
               "r over task pairs, the paper's Fig. 3) and how well each finds the true task groups (Fig. 2).",
         columns=RELATEDNESS,
         scales={"smoke": Scale("configs/matu/digits_domains_single_task.yaml",
-                               ("rounds=2", "eval_every=2", "federation.num_clients=9"),
+                               (*TWO_ROUNDS, "federation.num_clients=9"),
                                members=("matu", "matu-none")),
                 "cpu": Scale("configs/matu/digits_domains_single_task.yaml", seeds=(0, 1, 2),
                              members=("matu", "matu-none")),
@@ -494,7 +494,6 @@ register(
 
 # ---------------------------------------------------------------- our analyses around the paper
 
-ANALYSIS_SMOKE = ("rounds=2", "eval_every=2")
 THIRTY_CLIENTS = ("federation.num_clients=30", "federation.tasks.zeta=0.1",
                   "method=[matu, {name: matu, cross_task: none, label: matu-none}, "
                   "{name: fedavg, per_task: true, label: fedavg-per-task}, matfl]")
@@ -526,7 +525,7 @@ register(
               "MaTU with and without its cross-task term against one FedAvg model per task, MaT-FL and individual "
               "training, and how well MaTU's S finds the domains.",
         columns=(ACCURACY, Column("ARI of S vs domains", groups_recovered("sign"), fmt="{:.2f}")),
-        scales={"smoke": Scale(DOMAINS_SINGLE, (*ANALYSIS_SMOKE, "federation.num_clients=9")),
+        scales={"smoke": Scale(DOMAINS_SINGLE, (*TWO_ROUNDS, "federation.num_clients=9")),
                 "cpu": Scale(DOMAINS_SINGLE, seeds=(0, 1, 2))},
         paper_note=f"Not in the paper. {DOMAINS}; 36 clients, 4 per task, every client every round, 20 rounds.",
     ),

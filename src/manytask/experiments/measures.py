@@ -101,3 +101,14 @@ def minus_member(measure: Measure, other: str) -> Measure:
 
 def engine_rounds(record: RunRecord, _: Mapping[str, RunRecord]) -> Value:
     return float(record.summary.get("engine_rounds") or record.summary.get("rounds") or 0)
+
+
+def upload_per_round(scale: float) -> Measure:
+    """Bytes every participant together uploads per engine round, times `scale` (1e-3 for kB, 8e-6 for Mbit)."""
+
+    def measure(record: RunRecord, _: Mapping[str, RunRecord]) -> Value:
+        rounds = record.summary.get("engine_rounds") or record.summary.get("rounds")
+        sent = record.summary.get("bytes_up")
+        return None if not rounds or sent is None else scale * float(sent) / float(rounds)
+
+    return measure

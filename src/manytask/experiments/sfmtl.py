@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from manytask.experiments.measures import accuracy, fairness, summary_key
+from manytask.experiments.measures import accuracy, fairness, summary_key, upload_per_round
 from manytask.experiments.sfmtl_extras import gflops_ratio, local_gflops, tsne_value
-from manytask.experiments.spec import Column, Measure, PaperExperiment, Scale, Value, paper, register
+from manytask.experiments.spec import TWO_ROUNDS, Column, Measure, PaperExperiment, Scale, Value, paper, register
 from manytask.metric_names import COMMUNITIES
 from manytask.report.graph import community_ari, community_summary
 from manytask.report.runs import RunRecord, total_bytes
@@ -40,8 +40,8 @@ GRAPH_MEMBERS = (METHOD, "sfmtl-random-graph")
 LABEL_SET_TINY = ("benchmark.source=digits", "benchmark.num_clients=6", "federation.num_clients=6")
 ROTATED_TINY = ("benchmark.source=digits", "benchmark.num_clients=8", "federation.num_clients=8",
                 "benchmark.clusters=2", "benchmark.max_train=400", "benchmark.max_test=200")
-LABEL_SET_SMOKE = (*LABEL_SET_TINY, "rounds=2", "eval_every=2")
-ROTATED_SMOKE = (*ROTATED_TINY, "rounds=2", "eval_every=2")
+LABEL_SET_SMOKE = (*LABEL_SET_TINY, *TWO_ROUNDS)
+ROTATED_SMOKE = (*ROTATED_TINY, *TWO_ROUNDS)
 NUMBERS_LOST = ("The paper's extracted text lost every number of this {what}, so none stands beside ours.")
 
 
@@ -74,12 +74,6 @@ def run_in_rounds_of(base: str) -> Measure:
         return None if whole is None or not one else float(whole) / float(one)
 
     return measure
-
-
-def mbit_up_per_round(record: RunRecord, _: Mapping[str, RunRecord]) -> Value:
-    """Bits sent up per round over all the round's participants, in Mbit."""
-    up, rounds = record.summary.get("bytes_up"), record.summary.get("rounds")
-    return None if up is None or not rounds else 8 * float(up) / int(rounds) / 1e6
 
 
 def last_communities(record: RunRecord, _: Mapping[str, RunRecord]) -> Value:
@@ -121,7 +115,7 @@ LAST_COMMUNITIES = Column("communities at the last round", last_communities, fmt
 FINAL_ARI = Column("ARI at the last round", final_ari, fmt="{:.2f}")
 MEAN_ARI = Column("ARI, mean over rounds", mean_ari, fmt="{:.2f}")
 # the offline analyses: fairness, what a round sends up, and the communities against the true clusters
-STAND_IN = (*FAIRNESS, Column("Mbit up per round", mbit_up_per_round, fmt="{:.3g}", lower_is_better=True),
+STAND_IN = (*FAIRNESS, Column("Mbit up per round", upload_per_round(8e-6), fmt="{:.3g}", lower_is_better=True),
             Column("kbit per task per round", summary_key("bits_per_task_per_round", 1e-3), fmt="{:.3g}",
                    lower_is_better=True),
             LAST_COMMUNITIES, FINAL_ARI, MEAN_ARI)
@@ -173,7 +167,6 @@ MNIST1D_LABELS = "configs/sfmtl/label_skew_mnist1d.yaml"
 # of a 3-point sweep on this benchmark)
 WITH_PFEDME_DEFAULTS = ("method=[sfmtl-graph, fedu, {name: pfedme, lam: 1, train: {lr: 0.5}}, "
                         "{name: pfedme, label: pfedme-paper-defaults}, {name: fedavg, shared_head: true}, local]")
-STAND_IN_TINY = ("rounds=2", "eval_every=2")
 STAND_IN_NOTE = ("Ours, not the paper's: an offline stand-in on {data} (seed{s} {seeds}); the true groups are "
                  "{groups}. Fairness is over the clients' own test accuracy at the last round; bits up are summed "
                  "over the round's participants; the communities (SFMTL-Graph only) are Louvain's on its graph, "
@@ -184,7 +177,7 @@ def stand_in(name: str, title: str, shows: str, config: str, tiny: tuple[str, ..
              overrides: tuple[str, ...], data: str, groups: str) -> PaperExperiment:
     return PaperExperiment(
         id=f"sfmtl/analysis-{name}", title=f"Analysis: {title}", shows=shows, columns=STAND_IN,
-        scales={"smoke": Scale(config, (*overrides, *tiny, *STAND_IN_TINY)),
+        scales={"smoke": Scale(config, (*overrides, *tiny, *TWO_ROUNDS)),
                 "cpu": Scale(config, overrides, seeds=seeds)},
         paper_note=STAND_IN_NOTE.format(data=data, s="s" if len(seeds) > 1 else "",
                                         seeds=", ".join(map(str, seeds)), groups=groups))

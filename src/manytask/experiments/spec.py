@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 Value = float | str | None
 SCALES = ("smoke", "cpu", "paper")
+TWO_ROUNDS = ("rounds=2", "eval_every=2")  # the cut every smoke scale starts from
 ScaleName = Literal["smoke", "cpu", "paper"]
 Measure = Callable[["RunRecord", Mapping[str, "RunRecord"]], Value]  # (the member's run, the seed's runs by label)
 
